@@ -1,0 +1,1 @@
+"""Pure functions on captures and ``[query, key]`` matrices (numpy only, no torch)."""

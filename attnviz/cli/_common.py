@@ -1,0 +1,323 @@
+"""Pieces every command shares: the capture options, error handling and console output.
+
+Only typer, rich and the standard library are imported here, so ``attnviz --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from attnviz.errors import AttnvizError, InputError, UsageError
+
+if TYPE_CHECKING:
+    from attnviz.capture import Capture
+    from attnviz.models import AttentionSource
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+INPUT_PANEL = "Input"
+MODEL_PANEL = "Model"
+TOY_PANEL = "Toy model (--model toy)"
+VIEW_PANEL = "What to show"
+OUTPUT_PANEL = "Output"
+
+
+def warn(message: str) -> None:
+    """Print a warning on standard error."""
+    stderr.print(f"[yellow]Warning:[/yellow] {message}", markup=True, highlight=False)
+
+
+def report_error(error: AttnvizError) -> None:
+    """Print ``Error: <message>`` and the hint on standard error."""
+    from rich.markup import escape
+
+    stderr.print(f"[bold red]Error:[/bold red] {escape(error.message)}")
+    if error.hint:
+        stderr.print(escape(error.hint))
+
+
+def handle_errors(func: F) -> F:
+    """Turn :class:`AttnvizError` into a message and exit code; ``ATTNVIZ_DEBUG=1`` re-raises."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except AttnvizError as error:
+            if os.environ.get("ATTNVIZ_DEBUG", "") not in ("", "0"):
+                raise
+            report_error(error)
+            raise typer.Exit(error.exit_code) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- shared options
+LayerOpt = Annotated[Any, typer.Option("--layer", "-l", rich_help_panel=VIEW_PANEL,
+                                       help="Layer index, 0-based; negative counts from the end.")]
+LayersOpt = Annotated[str | None, typer.Option(
+    "--layers", rich_help_panel=VIEW_PANEL, metavar="SEL",
+    help="Layers to keep, e.g. 0,2-4 or -1 (default: all).")]
+HeadsOpt = Annotated[str | None, typer.Option(
+    "--heads", rich_help_panel=VIEW_PANEL, metavar="SEL",
+    help="Heads to keep, e.g. 0-5 (default: all).")]
+CmapOpt = Annotated[str, typer.Option("--cmap", rich_help_panel=OUTPUT_PANEL,
+                                      help="Matplotlib colour map, e.g. viridis, magma, Blues.")]
+DpiOpt = Annotated[int, typer.Option("--dpi", min=20, max=600, rich_help_panel=OUTPUT_PANEL,
+                                     help="Resolution of raster images.")]
+ExcludeSpecialOpt = Annotated[bool, typer.Option(
+    "--exclude-special", rich_help_panel=VIEW_PANEL,
+    help="Drop [CLS]/[SEP]/<s> rows and columns and renormalise each row to sum to 1.")]
+WordsOpt = Annotated[bool, typer.Option(
+    "--words", rich_help_panel=VIEW_PANEL,
+    help="Merge subword tokens into words: attention to a word is the sum over its pieces, "
+         "from a word the mean (rows still sum to 1).")]
+
+
+@dataclass
+class CaptureRequest:
+    """What the shared capture options asked for."""
+
+    text: str | None
+    from_path: Path | None
+    pair: str | None
+    model: str | None
+    revision: str | None
+    trust_remote_code: bool
+    device: str
+    dtype: str
+    toy_heads: int
+    toy_layers: int
+    d_model: int
+    causal: bool
+    seed: int
+    no_scale: bool
+    max_tokens: int | None
+    truncate: bool
+    no_cache: bool
+
+    @property
+    def model_name(self) -> str:
+        from attnviz.models import default_model
+
+        return self.model or default_model()
+
+
+_CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
+    ("text", Annotated[str | None, typer.Argument(
+        metavar="TEXT", show_default=False,
+        help="The text to analyse; '-' reads standard input. Omit it when using --from.")], None),
+    ("from_path", Annotated[Path | None, typer.Option(
+        "--from", rich_help_panel=INPUT_PANEL, metavar="PATH",
+        help="Re-use a saved capture (folder or .npy from 'attnviz dump') instead of TEXT.")],
+     None),
+    ("pair", Annotated[str | None, typer.Option(
+        "--pair", rich_help_panel=INPUT_PANEL,
+        help="Second sentence of a sentence pair (BERT-style [SEP] ... [SEP]).")], None),
+    ("model", Annotated[str | None, typer.Option(
+        "--model", "-m", rich_help_panel=MODEL_PANEL, show_default=False,
+        help="'minilm' (bundled pretrained BERT, the default; $ATTNVIZ_MODEL overrides), 'toy', "
+             "a Hugging Face model id or a local model folder.")], None),
+    ("revision", Annotated[str | None, typer.Option(
+        "--revision", rich_help_panel=MODEL_PANEL,
+        help="Hub branch, tag or commit of the model.")], None),
+    ("trust_remote_code", Annotated[bool, typer.Option(
+        "--trust-remote-code", rich_help_panel=MODEL_PANEL,
+        help="Allow the model's own Python code to run (off by default; only for models you "
+             "trust).")], False),
+    ("device", Annotated[str, typer.Option(
+        "--device", rich_help_panel=MODEL_PANEL,
+        help="auto, cpu, cuda, cuda:N or mps (auto picks CUDA when present).")], "auto"),
+    ("dtype", Annotated[str, typer.Option(
+        "--dtype", rich_help_panel=MODEL_PANEL,
+        help="float32, float16 or bfloat16 for the model; weights are returned as float32.")],
+     "float32"),
+    ("max_tokens", Annotated[int | None, typer.Option(
+        "--max-tokens", min=1, rich_help_panel=MODEL_PANEL,
+        help="Limit the input to this many tokens (the model's own limit always applies).")],
+     None),
+    ("truncate", Annotated[bool, typer.Option(
+        "--truncate/--no-truncate", rich_help_panel=MODEL_PANEL,
+        help="Past the token limit: keep the first tokens with a warning, or stop with an "
+             "error.")], True),
+    ("no_cache", Annotated[bool, typer.Option(
+        "--no-cache", rich_help_panel=MODEL_PANEL,
+        help="Do not read or write the capture cache.")], False),
+    ("toy_heads", Annotated[int, typer.Option(
+        "--toy-heads", min=1, rich_help_panel=TOY_PANEL, help="Attention heads per block.")], 2),
+    ("toy_layers", Annotated[int, typer.Option(
+        "--toy-layers", min=1, rich_help_panel=TOY_PANEL, help="Stacked attention blocks.")], 1),
+    ("d_model", Annotated[int, typer.Option(
+        "--d-model", min=1, rich_help_panel=TOY_PANEL,
+        help="Embedding width (a multiple of --toy-heads).")], 16),
+    ("causal", Annotated[bool, typer.Option(
+        "--causal", rich_help_panel=TOY_PANEL,
+        help="Mask future tokens (-inf before the softmax), as in a decoder.")], False),
+    ("seed", Annotated[int, typer.Option(
+        "--seed", rich_help_panel=TOY_PANEL, help="Seed for weights and word embeddings.")], 0),
+    ("no_scale", Annotated[bool, typer.Option(
+        "--no-scale", rich_help_panel=TOY_PANEL,
+        help="Drop the 1/sqrt(d_k) scaling to show how the softmax saturates.")], False),
+]
+
+
+def capture_options(func: F) -> F:
+    """Add the shared TEXT/--from/model options to a command.
+
+    The command receives them as one ``request: CaptureRequest`` argument; its own parameters
+    follow. Typer reads the combined signature, so ``--help`` lists every option.
+    """
+    import typing
+
+    own_hints = typing.get_type_hints(func, include_extras=True)
+    own = inspect.signature(func)
+    own_params = [p.replace(annotation=own_hints.get(name, p.annotation))
+                  for name, p in own.parameters.items() if name != "request"]
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                annotation=annotation)
+              for name, annotation, default in _CAPTURE_PARAMS]
+    text_param = shared[0].replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    # The command's own parameters are options: keyword-only, so required ones may follow TEXT.
+    own_keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own_params]
+    params = [text_param, *own_keyword, *shared[1:]]
+    shared_names = {name for name, _, _ in _CAPTURE_PARAMS}
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = inspect.Signature(params).bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        request = CaptureRequest(**{k: values.pop(k) for k in list(values) if k in shared_names})
+        return func(request=request, **values)
+
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    hints = {name: annotation for name, annotation, _ in _CAPTURE_PARAMS}
+    hints.update({k: v for k, v in own_hints.items() if k not in ("request", "return")})
+    wrapper.__annotations__ = hints
+    return wrapper  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- getting a capture
+def read_text(text: str) -> str:
+    """The TEXT argument, with '-' read from standard input; rejects empty and NUL text."""
+    if text == "-":
+        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+        if isinstance(data, bytes):
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"standard input is not valid UTF-8 (byte {exc.start})",
+                                 "save the text as UTF-8 and try again") from None
+        else:
+            text = data
+        text = text.rstrip("\r\n")
+    check_text(text)
+    return text
+
+
+def check_text(text: str, what: str = "the text") -> None:
+    """Raise :class:`InputError` for text a model cannot use."""
+    if not text.strip():
+        raise InputError(f"{what} is empty", "give a sentence, e.g. "
+                         "attnviz heatmap \"The cat sat on the mat\"")
+    if "\x00" in text:
+        raise InputError(f"{what} contains a NUL character (\\x00)",
+                         "remove control characters from the text")
+
+
+def toy_config(request: CaptureRequest) -> Any:
+    from attnviz.models.toy import ToyConfig
+
+    return ToyConfig(d_model=request.d_model, heads=request.toy_heads, layers=request.toy_layers,
+                     causal=request.causal, scale=not request.no_scale, seed=request.seed)
+
+
+def model_spec(request: CaptureRequest) -> Any:
+    from attnviz.models import TOY_MODEL, ModelSpec
+
+    name = request.model_name
+    return ModelSpec(name=name, revision=request.revision,
+                     trust_remote_code=request.trust_remote_code, device=request.device,
+                     dtype=request.dtype, toy=toy_config(request) if name == TOY_MODEL else None)
+
+
+def validate_request(request: CaptureRequest) -> None:
+    """Check that exactly one of TEXT and --from is given."""
+    if request.text is None and request.from_path is None:
+        raise UsageError("give a TEXT to analyse or --from PATH with a saved capture",
+                         "example: attnviz heatmap \"The cat sat on the mat\"")
+    if request.text is not None and request.from_path is not None:
+        raise UsageError("give either TEXT or --from PATH, not both")
+    if request.from_path is not None and request.pair is not None:
+        raise UsageError("--pair cannot be used with --from: the capture already holds its text")
+
+
+def load_model(request: CaptureRequest) -> AttentionSource:
+    """Load the model the request names (with a status line on a terminal)."""
+    from attnviz.models import load_source
+
+    spec = model_spec(request)
+    if spec.name not in ("toy",):
+        with stderr.status(f"Loading {spec.name}...", spinner="dots"):
+            return load_source(spec)
+    return load_source(spec)
+
+
+def obtain_capture(request: CaptureRequest, *, layers: str | None = None,
+                   heads: str | None = None, mmap: bool = False) -> Capture:
+    """The capture a command works on: from --from, the cache, or a fresh model run.
+
+    Args:
+        request: the shared options.
+        layers: a layer selection (``"0,2-4"``) to keep; all when ``None``.
+        heads: a head selection to keep; all when ``None``.
+        mmap: memory-map a capture loaded with --from.
+    """
+    from attnviz.selection import parse_selection
+
+    validate_request(request)
+    if request.from_path is not None:
+        from attnviz.capture import load_capture
+
+        capture = load_capture(request.from_path, mmap=mmap)
+        if layers is not None or heads is not None:
+            capture = capture.select(
+                parse_selection(layers, capture.num_layers, "layer") if layers else None,
+                parse_selection(heads, capture.num_heads, "head") if heads else None)
+        return capture
+    text = read_text(request.text or "")
+    if request.pair is not None:
+        check_text(request.pair, "the --pair text")
+    source = load_model(request)
+    layer_list = parse_selection(layers, source.num_layers, "layer") if layers else None
+    head_list = parse_selection(heads, source.num_heads, "head") if heads else None
+    capture = source.capture(text, request.pair, layers=layer_list, heads=head_list,
+                             max_tokens=request.max_tokens, truncate=request.truncate)
+    for message in capture.meta.get("warnings", []):
+        warn(message)
+    return capture
+
+
+def view_of(capture: Capture, *, exclude_special: bool = False, words: bool = False) -> Capture:
+    """Apply --words and --exclude-special to a capture."""
+    from attnviz.analysis.tokens import exclude_special as drop_special
+    from attnviz.analysis.tokens import merge_words
+
+    if words:
+        capture = merge_words(capture)
+    if exclude_special:
+        capture = drop_special(capture)
+    return capture

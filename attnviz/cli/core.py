@@ -1,0 +1,308 @@
+"""``heatmap``, ``top-k`` and ``dump``: the core commands."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from attnviz.cli import app
+from attnviz.cli._common import (
+    OUTPUT_PANEL,
+    VIEW_PANEL,
+    CaptureRequest,
+    CmapOpt,
+    DpiOpt,
+    ExcludeSpecialOpt,
+    HeadsOpt,
+    LayersOpt,
+    WordsOpt,
+    capture_options,
+    handle_errors,
+    obtain_capture,
+    stdout,
+    view_of,
+)
+from attnviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnviz.capture import Capture
+
+
+class TableFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    markdown = "markdown"
+
+
+def _head_title(capture: Capture, layer: int, head: str, notes: list[str]) -> str:
+    extra = f" ({', '.join(notes)})" if notes else ""
+    return f"{capture.model}: layer {layer}, head {head}{extra}"
+
+
+def _notes(capture: Capture) -> list[str]:
+    notes = []
+    if capture.meta.get("words_merged"):
+        notes.append("word level")
+    if capture.meta.get("special_excluded"):
+        notes.append("special tokens excluded, rows renormalised")
+    if capture.causal:
+        notes.append("causal")
+    return notes
+
+
+def _default_name(capture: Capture, what: str) -> Path:
+    from attnviz.fileio import short_hash, slugify
+
+    slug = slugify(capture.text, 30)
+    digest = short_hash(capture.text, capture.pair or "", capture.model, length=6)
+    return Path(f"attention_{slug}_{digest}_{what}.png")
+
+
+def _parse_head(head: str | None) -> int | str | None:
+    if head is None:
+        return None
+    if head.strip().lower() == "mean":
+        return "mean"
+    from attnviz.selection import parse_int
+
+    return parse_int(head, "head")
+
+
+@app.command("heatmap")
+@handle_errors
+@capture_options
+def heatmap(
+    request: CaptureRequest,
+    layer: Annotated[int | None, typer.Option(
+        "--layer", "-l", rich_help_panel=VIEW_PANEL,
+        help="Layer, 0-based; negative counts from the end. Alone: a grid of its heads.")] = None,
+    head: Annotated[str | None, typer.Option(
+        "--head", rich_help_panel=VIEW_PANEL,
+        help="Head index, or 'mean' for the average of the layer's heads (needs --layer).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", rich_help_panel=OUTPUT_PANEL,
+        help="Output file (.png, .svg or .pdf). Default: a name derived from the text.")] = None,
+    cmap: CmapOpt = "viridis",
+    annot: Annotated[bool | None, typer.Option(
+        "--annot/--no-annot", rich_help_panel=OUTPUT_PANEL, show_default=False,
+        help="Write the weights in the cells (default: when there are at most 30 tokens).")
+    ] = None,
+    exclude_special: ExcludeSpecialOpt = False,
+    words: WordsOpt = False,
+    dpi: DpiOpt = 100,
+) -> None:
+    """Draw attention as a heatmap and print the image's path.
+
+    --layer L --head H: one head, annotated (rows: queries, columns: keys).
+    --layer L alone: a grid of all heads of that layer. Neither: every layer and head.
+
+    Examples:
+
+      attnviz heatmap "The cat sat on the mat" --layer 5 --head 3
+
+      attnviz heatmap "The cat sat on the mat" --layer -1 --head mean -o mean.svg
+
+      attnviz heatmap --from cat/ --layer 0
+    """
+    head_choice = _parse_head(head)
+    if head_choice is not None and layer is None:
+        raise UsageError("--head needs --layer", "example: --layer 5 --head 3")
+    if out is not None and out.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise UsageError(f"cannot tell the image format of {out}",
+                         "end the file name in .png, .svg or .pdf")
+    from attnviz.render import heatmap as render
+
+    render.check_cmap(cmap)
+    capture = obtain_capture(request)
+    if layer is not None:
+        capture.layer_position(layer)  # validate before the slow parts
+    if isinstance(head_choice, int):
+        capture.head_position(head_choice)
+    view = view_of(capture, exclude_special=exclude_special, words=words)
+    notes = _notes(view)
+    labels = view.display_tokens
+    if layer is not None and head_choice is not None:
+        from attnviz.selection import resolve_index
+
+        shown_layer = resolve_index(layer, view.num_layers, "layer")
+        if head_choice == "mean":
+            matrix = view.mean_matrix(layer)
+            head_label = f"mean of {len(view.heads)}"
+            what = f"L{shown_layer}_mean"
+        else:
+            matrix = view.matrix(layer, int(head_choice))
+            shown_head = resolve_index(int(head_choice), view.num_heads, "head")
+            head_label = str(shown_head)
+            what = f"L{shown_layer}_H{shown_head}"
+        fig = render.draw_head(matrix, labels, labels, cmap=cmap, annot=annot,
+                               title=_head_title(view, shown_layer, head_label, notes))
+    elif layer is not None:
+        import numpy as np
+
+        position = view.layer_position(layer)
+        shown_layer = view.layers[position]
+        block = np.asarray(view.weights[position : position + 1], dtype=np.float32)
+        fig = render.draw_grid(block, [f"layer {shown_layer}"], [f"head {h}" for h in view.heads],
+                               tokens=labels, cmap=cmap,
+                               title=f"{view.model}: layer {shown_layer}, all heads"
+                                     + (f" ({', '.join(notes)})" if notes else ""))
+        what = f"L{shown_layer}_heads"
+    else:
+        import numpy as np
+
+        fig = render.draw_grid(np.asarray(view.weights, dtype=np.float32),
+                               [f"layer {i}" for i in view.layers],
+                               [f"head {h}" for h in view.heads], tokens=labels, cmap=cmap,
+                               title=f"{view.model}: every layer and head"
+                                     + (f" ({', '.join(notes)})" if notes else ""))
+        what = "overview"
+    path = render.save_figure(fig, out or _default_name(capture, what), dpi=dpi)
+    stdout.print(str(path))
+
+
+def _topk_rows(view: Capture, layer: int, head: int | str, k: int) -> list[dict[str, object]]:
+    from attnviz.analysis.topk import top_k
+
+    matrix = view.mean_matrix(layer) if head == "mean" else view.matrix(layer, int(head))
+    rows = []
+    for entry in top_k(matrix, k):
+        rows.append({
+            "query_index": entry.query,
+            "query": view.display_tokens[entry.query],
+            "top": [{"key_index": j, "key": view.display_tokens[j], "weight": round(w, 6)}
+                    for j, w in zip(entry.keys, entry.weights)],
+        })
+    return rows
+
+
+def format_topk(rows: list[dict[str, object]], fmt: TableFormat, k: int, title: str) -> str:
+    """Render top-k rows as csv, json or markdown text."""
+    if fmt is TableFormat.json:
+        return json.dumps({"title": title, "k": k, "rows": rows}, ensure_ascii=False, indent=1)
+    if fmt is TableFormat.csv:
+        import csv
+        import io
+
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(["query_index", "query", "rank", "key_index", "key", "weight"])
+        for row in rows:
+            top: list[dict[str, Any]] = row["top"]  # type: ignore[assignment]
+            for rank, item in enumerate(top, start=1):
+                writer.writerow([row["query_index"], row["query"], rank, item["key_index"],
+                                 item["key"], f"{item['weight']:.6f}"])
+        return buffer.getvalue()
+
+    def cell(text: object) -> str:
+        return str(text).replace("|", "\\|")
+
+    lines = [f"**{title}**", "", "| # | query | " + " | ".join(f"top {i}" for i in range(1, k + 1))
+             + " |", "|---|---|" + "---|" * k]
+    for row in rows:
+        tops = [f"{cell(t['key'])} ({t['weight']:.3f})" for t in row["top"]]  # type: ignore
+        tops += [""] * (k - len(tops))
+        lines.append(f"| {row['query_index']} | {cell(row['query'])} | " + " | ".join(tops) + " |")
+    return "\n".join(lines) + "\n"
+
+
+@app.command("top-k")
+@handle_errors
+@capture_options
+def top_k_command(
+    request: CaptureRequest,
+    layer: Annotated[int, typer.Option("--layer", "-l", rich_help_panel=VIEW_PANEL,
+                                       help="Layer, 0-based; negative counts from the end.")],
+    head: Annotated[str, typer.Option(
+        "--head", rich_help_panel=VIEW_PANEL, help="Head index, or 'mean' of the layer's heads.")],
+    k: Annotated[int, typer.Option("-k", "--k", min=1, rich_help_panel=VIEW_PANEL,
+                                   help="How many keys to list per query.")] = 3,
+    fmt: Annotated[TableFormat, typer.Option("--format", "-f", rich_help_panel=OUTPUT_PANEL,
+                                             help="Output format.")] = TableFormat.table,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", rich_help_panel=OUTPUT_PANEL,
+        help="Write to this file instead of standard output (csv, json, markdown).")] = None,
+    exclude_special: ExcludeSpecialOpt = False,
+    words: WordsOpt = False,
+) -> None:
+    """For each query token, list the k tokens it attends to most, with their weights.
+
+    Examples:
+
+      attnviz top-k "The cat sat on the mat" --layer 5 --head 3
+
+      attnviz top-k "The cat sat on the mat" -l 0 --head mean -k 2 --format csv
+    """
+    from attnviz.selection import resolve_index
+
+    head_choice = _parse_head(head)
+    capture = obtain_capture(request)
+    capture.layer_position(layer)
+    if isinstance(head_choice, int):
+        capture.head_position(head_choice)
+    view = view_of(capture, exclude_special=exclude_special, words=words)
+    shown_layer = resolve_index(layer, view.num_layers, "layer")
+    head_label = ("mean" if head_choice == "mean"
+                  else str(resolve_index(int(head_choice or 0), view.num_heads, "head")))
+    rows = _topk_rows(view, layer, head_choice if head_choice == "mean" else int(head_choice or 0),
+                      k)
+    title = _head_title(view, shown_layer, head_label, _notes(view)) + f", top {k}"
+    if fmt is TableFormat.table and out is None:
+        from rich.table import Table
+
+        table = Table(title=title, show_lines=False)
+        table.add_column("#", justify="right", style="dim")
+        table.add_column("query", style="bold")
+        for rank in range(1, min(k, view.num_tokens) + 1):
+            table.add_column(f"top {rank}")
+        for row in rows:
+            table.add_row(str(row["query_index"]), str(row["query"]),
+                          *[f"{t['key']} [dim]{t['weight']:.3f}[/dim]"
+                            for t in row["top"]])  # type: ignore[attr-defined]
+        stdout.print(table)
+        return
+    text = format_topk(rows, TableFormat.markdown if fmt is TableFormat.table else fmt, k, title)
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    from attnviz.fileio import atomic_write_text
+
+    atomic_write_text(out, text)
+    stdout.print(str(out))
+
+
+@app.command("dump")
+@handle_errors
+@capture_options
+def dump(
+    request: CaptureRequest,
+    out: Annotated[Path, typer.Option(
+        "--out", "-o", rich_help_panel=OUTPUT_PANEL,
+        help="A folder (gets attention.npy + capture.json) or a .npy file (gets a .json "
+             "sidecar beside it).")],
+    layers: LayersOpt = None,
+    heads: HeadsOpt = None,
+    float16: Annotated[bool, typer.Option(
+        "--float16", rich_help_panel=OUTPUT_PANEL,
+        help="Store weights as float16 (half the size; error at most ~2.4e-4).")] = False,
+) -> None:
+    """Save the capture record: attention.npy [layer, head, query, key] plus a JSON sidecar.
+
+    Load it back with numpy and json alone, or re-render it with --from.
+
+    Examples:
+
+      attnviz dump "The cat sat on the mat" -o cat/
+
+      attnviz dump "The cat sat on the mat" --layers 0,2-4 --heads 0-5 --float16 -o cat.npy
+
+      python -c "import numpy; print(numpy.load('cat/attention.npy').shape)"
+    """
+    capture = obtain_capture(request, layers=layers, heads=heads)
+    path = capture.save(out, float16=float16)
+    stdout.print(str(path.parent if path.name == "attention.npy" else path))

@@ -1,0 +1,190 @@
+"""The toy model: multi-head self-attention written like reference code.
+
+Each block computes, for every head h::
+
+    Q = X W_Q[h]   K = X W_K[h]   V = X W_V[h]          # (T, d_k)
+    A = softmax(Q K^T / sqrt(d_k) + causal_mask)         # (T, T), rows sum to 1
+    head_h = A V
+    out = concat(head_1..head_H) W_O                      # (T, d_model)
+
+and blocks are stacked with a residual connection and a layer norm. Everything is seeded:
+weights come from the seed, and each distinct (lower-cased) word gets an embedding derived from
+the word and the seed, so the same text and seed give identical weights on every machine, and a
+repeated word gets the same embedding. Numbers are drawn with numpy's legacy ``RandomState``,
+whose streams numpy guarantees never to change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from attnviz.capture import Capture
+from attnviz.errors import InputError, UsageError
+
+_WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    """Settings of the toy model."""
+
+    d_model: int = 16  # embedding width; split evenly over the heads
+    heads: int = 2  # attention heads per block
+    layers: int = 1  # stacked attention blocks
+    causal: bool = False  # mask future keys with -inf before the softmax
+    scale: bool = True  # divide scores by sqrt(d_k); False shows softmax saturation
+    seed: int = 0  # seeds the projection weights and the word embeddings
+
+    def __post_init__(self) -> None:
+        if self.heads < 1 or self.d_model < 1 or self.layers < 1:
+            raise UsageError("toy model: --heads, --d-model and --layers must be at least 1")
+        if self.d_model % self.heads:
+            raise UsageError(
+                f"toy model: --d-model {self.d_model} is not divisible by --heads {self.heads}",
+                f"pick a d_model that is a multiple of {self.heads}, e.g. {self.heads * 8}",
+            )
+        if self.d_model > 4096 or self.heads > 256 or self.layers > 64:
+            raise UsageError("toy model: keep --d-model <= 4096, --heads <= 256, --layers <= 64")
+
+    @property
+    def d_k(self) -> int:
+        return self.d_model // self.heads
+
+
+def split_words(text: str) -> list[str]:
+    """The toy tokenizer: words and single punctuation marks, in order."""
+    return _WORD.findall(text)
+
+
+def word_embedding(word: str, d_model: int, seed: int) -> np.ndarray:
+    """Deterministic embedding ``(d_model,)`` of a word: the same word and seed, the same vector."""
+    digest = hashlib.sha256(f"{seed}\x1f{word.lower()}".encode("utf-8", "surrogatepass")).digest()
+    rng = np.random.RandomState(int.from_bytes(digest[:4], "little"))
+    return rng.standard_normal(d_model).astype(np.float32)
+
+
+class ToySelfAttention(nn.Module):
+    """One multi-head self-attention block with the manual softmax path."""
+
+    def __init__(self, config: ToyConfig, rng: np.random.RandomState) -> None:
+        super().__init__()
+        self.config = config
+        d = config.d_model
+
+        def weight() -> nn.Parameter:
+            # Scaled so scores have unit-ish variance before the 1/sqrt(d_k).
+            return nn.Parameter(torch.from_numpy(
+                (rng.standard_normal((d, d)) / math.sqrt(d)).astype(np.float32)))
+
+        self.W_Q = weight()  # (d_model, d_model): all heads side by side
+        self.W_K = weight()
+        self.W_V = weight()
+        self.W_O = weight()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Args: x (T, d_model). Returns (output (T, d_model), weights (H, T, T))."""
+        cfg = self.config
+        T = x.shape[0]
+        q = (x @ self.W_Q).view(T, cfg.heads, cfg.d_k).transpose(0, 1)  # (H, T, d_k)
+        k = (x @ self.W_K).view(T, cfg.heads, cfg.d_k).transpose(0, 1)  # (H, T, d_k)
+        v = (x @ self.W_V).view(T, cfg.heads, cfg.d_k).transpose(0, 1)  # (H, T, d_k)
+        scores = q @ k.transpose(-2, -1)  # (H, T, T)
+        if cfg.scale:
+            scores = scores / math.sqrt(cfg.d_k)
+        if cfg.causal:
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        weights = torch.softmax(scores.float(), dim=-1).to(x.dtype)  # (H, T, T)
+        heads = weights @ v  # (H, T, d_k)
+        out = heads.transpose(0, 1).reshape(T, cfg.d_model) @ self.W_O  # (T, d_model)
+        return out, weights
+
+
+class ToyModel(nn.Module):
+    """Stacked toy attention blocks: ``x = layer_norm(x + attention(x))`` per block."""
+
+    def __init__(self, config: ToyConfig) -> None:
+        super().__init__()
+        self.config = config
+        rng = np.random.RandomState(config.seed)
+        self.blocks = nn.ModuleList(ToySelfAttention(config, rng) for _ in range(config.layers))
+
+    def embed(self, words: list[str]) -> torch.Tensor:
+        """(T, d_model) embeddings of the words."""
+        vectors = [word_embedding(w, self.config.d_model, self.config.seed) for w in words]
+        return torch.from_numpy(np.stack(vectors))
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Args: x (T, d_model). Returns one (H, T, T) weight tensor per block."""
+        all_weights = []
+        for block in self.blocks:
+            out, weights = block(x)
+            x = nn.functional.layer_norm(x + out, (self.config.d_model,))
+            all_weights.append(weights)
+        return all_weights
+
+
+class ToySource:
+    """Captures attention from the toy model."""
+
+    def __init__(self, config: ToyConfig | None = None, device: str = "auto",
+                 dtype: str = "float32") -> None:
+        from attnviz.models._torch import resolve_device, resolve_dtype
+
+        self.config = config or ToyConfig()
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype)
+        self.model = ToyModel(self.config).to(device=self.device, dtype=self.dtype).eval()
+        self.name = "toy"
+        self.num_layers = self.config.layers
+        self.num_heads = self.config.heads
+
+    def identity(self) -> dict[str, object]:
+        """What determines this source's weights (for cache keys)."""
+        return {"model": "toy", **asdict(self.config), "dtype": str(self.dtype)}
+
+    def capture(self, text: str, pair: str | None = None, *, layers: list[int] | None = None,
+                heads: list[int] | None = None, max_tokens: int | None = None,
+                truncate: bool = True) -> Capture:
+        """Run the toy model on ``text`` (and ``pair``) and return the capture.
+
+        The toy tokenizer has no length limit of its own; ``max_tokens`` keeps the first words
+        (with a warning in ``meta["warnings"]``) or, with ``truncate=False``, raises.
+        """
+        from attnviz.models._torch import to_numpy
+
+        words = split_words(text)
+        second = split_words(pair) if pair is not None else []
+        if not words or (pair is not None and not second):
+            raise InputError("the text has no words to attend over",
+                             "give a sentence such as \"The cat sat on the mat\"")
+        tokens = words + second
+        warnings: list[str] = []
+        if max_tokens is not None and len(tokens) > max_tokens:
+            if not truncate:
+                raise InputError(f"the text has {len(tokens)} words, more than --max-tokens "
+                                 f"{max_tokens}", "shorten the text or raise --max-tokens")
+            warnings.append(f"the text has {len(tokens)} words; kept the first {max_tokens}, "
+                            f"dropped {len(tokens) - max_tokens}")
+            tokens = tokens[:max_tokens]
+        with torch.inference_mode():
+            x = self.model.embed(tokens).to(device=self.device, dtype=self.dtype)
+            per_layer = self.model(x)
+        keep_layers = layers if layers is not None else list(range(self.num_layers))
+        keep_heads = heads if heads is not None else list(range(self.num_heads))
+        weights = np.stack([to_numpy(per_layer[i][keep_heads]) for i in keep_layers])
+        return Capture(
+            tokens=tokens, word_ids=list(range(len(tokens))), special=[False] * len(tokens),
+            weights=weights.astype(np.float32, copy=False), layers=list(keep_layers),
+            heads=list(keep_heads), num_layers=self.num_layers, num_heads=self.num_heads,
+            model="toy", causal=self.config.causal, text=text, pair=pair,
+            meta={"source": "toy", "toy": asdict(self.config), "dtype": str(self.dtype),
+                  "device": str(self.device), "warnings": warnings},
+        )

@@ -1,0 +1,1 @@
+"""Figures and reports. Modules here import matplotlib at module level: import them lazily."""

@@ -1,0 +1,94 @@
+"""Shared fixtures: each model is loaded once per test session; tiny models are built locally."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+# Never reach for the network in tests: a hub lookup must fail fast and clearly.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+SENTENCE = "The cat sat on the mat"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory,
+                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets its own capture cache folder (never the user's)."""
+    monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.delenv("ATTNVIZ_MODEL", raising=False)
+    monkeypatch.delenv("ATTNVIZ_DEBUG", raising=False)
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The bundled pretrained MiniLM, loaded once."""
+    from attnviz.models.hf import HFSource
+
+    return HFSource("minilm", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def minilm_capture(minilm):
+    return minilm.capture(SENTENCE)
+
+
+def _save_tiny(model_cls, config, tokenizer_dir: Path, out: Path) -> Path:
+    import torch
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(0)
+    model = model_cls(config)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight GPT-2 saved with save_pretrained (uses MiniLM's tokenizer vocab)."""
+    from transformers import GPT2Config, GPT2Model
+
+    from attnviz.models.hf import bundled_model_path
+
+    config = GPT2Config(vocab_size=30522, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                        bos_token_id=101, eos_token_id=102)
+    return _save_tiny(GPT2Model, config, bundled_model_path(),
+                      tmp_path_factory.mktemp("tiny-gpt2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight Llama saved with save_pretrained."""
+    from transformers import LlamaConfig, LlamaModel
+
+    from attnviz.models.hf import bundled_model_path
+
+    config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128)
+    return _save_tiny(LlamaModel, config, bundled_model_path(),
+                      tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture
+def invoke(runner: CliRunner) -> Callable[..., object]:
+    """Run the CLI in-process; returns click's Result (exit_code, stdout, stderr)."""
+    from attnviz.cli import app
+
+    def run(*args: str, input: str | None = None):  # noqa: A002 - click's name
+        return runner.invoke(app, [str(a) for a in args], input=input)
+
+    return run
