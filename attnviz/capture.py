@@ -272,7 +272,7 @@ def load_capture(path: Path | str, *, mmap: bool = False) -> Capture:
                         "the weights file is truncated or corrupt: create the capture again"
                         ) from None
     try:
-        capture = _capture_from(meta, weights)
+        capture = _capture_from(meta, weights, check_all=not mmap)
     except (KeyError, TypeError, ValueError) as exc:
         raise DumpError(f"{json_path} is malformed: {exc}",
                         "create the capture again with attnviz dump") from None
@@ -281,7 +281,7 @@ def load_capture(path: Path | str, *, mmap: bool = False) -> Capture:
     return capture
 
 
-def _capture_from(meta: dict[str, Any], weights: np.ndarray) -> Capture:
+def _capture_from(meta: dict[str, Any], weights: np.ndarray, check_all: bool = True) -> Capture:
     import numpy as np
 
     if weights.dtype not in (np.float32, np.float16) or weights.ndim != 4:
@@ -303,8 +303,9 @@ def _capture_from(meta: dict[str, Any], weights: np.ndarray) -> Capture:
     num_layers, num_heads = int(meta["num_layers"]), int(meta["num_heads"])
     if any(not 0 <= i < num_layers for i in layers) or any(not 0 <= i < num_heads for i in heads):
         raise ValueError("layer or head indices outside the model's range")
-    probe = np.asarray(weights[:, :, :1, :] if weights.size else weights, dtype=np.float32)
-    if probe.size and not math.isfinite(float(probe.sum())):
+    # A memory-mapped capture may be larger than RAM: check its first query rows only.
+    probe = weights if check_all else weights[:, :, :1, :]
+    if probe.size and not math.isfinite(float(np.sum(probe, dtype=np.float64))):
         raise ValueError("weights contain NaN or infinite values")
     return Capture(
         tokens=tokens, word_ids=word_ids, special=special, weights=weights,

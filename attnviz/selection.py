@@ -27,7 +27,7 @@ def resolve_index(index: int, size: int, what: str) -> int:
     """
     if -size <= index < size:
         return index % size
-    plural = f"{what}s"
+    plural = what if size == 1 else f"{what}s"
     raise UsageError(
         f"{what} {index} is out of range: this model has {size} {plural} "
         f"(0..{size - 1} or -{size}..-1)"

@@ -51,10 +51,10 @@ def _friendly_load_error(name: str, exc: BaseException, is_local: bool) -> Model
             "the folder needs config.json, tokenizer files and weights "
             "(model.safetensors or pytorch_model.bin) that match the config",
         )
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    offline = not _hub_reachable()
     return ModelLoadError(
         f"cannot load model {name!r}: it is not a local folder and could not be fetched from the "
-        f"Hugging Face Hub{' (offline mode is on)' if offline else ''} ({text})",
+        f"Hugging Face Hub{' (the Hub cannot be reached: offline?)' if offline else ''} ({text})",
         "check the spelling and your network, pass a local model folder, or use the bundled "
         "model with --model minilm",
     )
@@ -107,6 +107,10 @@ class HFSource:
         transformers.logging.disable_progress_bar()
         kwargs: dict[str, Any] = {"revision": self.revision,
                                   "trust_remote_code": trust_remote_code}
+        if not self.is_local and not _hub_reachable():
+            # Without this, huggingface_hub retries for ~20 s before failing; a model already
+            # in the local Hugging Face cache still loads.
+            kwargs["local_files_only"] = True
         try:
             config = AutoConfig.from_pretrained(self.location, **kwargs)
         except _LOAD_ERRORS as exc:
@@ -284,6 +288,24 @@ class HFSource:
 _TOKEN_TYPE_MODELS = {"bert", "albert", "electra", "xlnet", "funnel", "layoutlm", "mobilebert",
                       "squeezebert", "ernie", "nezha", "roc_bert", "megatron-bert", "big_bird",
                       "convbert", "rembert", "splinter", "canine", "mpnet", "deberta", "deberta-v2"}
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub answers at all (False in offline mode)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+        return False
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    parsed = urlparse(endpoint)
+    host = parsed.hostname or "huggingface.co"
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _first_attr(obj: object, names: tuple[str, ...], default: Any) -> Any:

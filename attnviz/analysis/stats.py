@@ -1,0 +1,278 @@
+"""Head statistics and pattern labels: what each head does, in numbers.
+
+Every statistic is computed per query row of a head's ``[query, key]`` matrix and then
+averaged over the rows (and, for a corpus, over every row of every text, so longer texts weigh
+more: the average is weighted by tokens).
+
+Definitions (also in ``attnviz heads --help`` and the documentation):
+
+* ``entropy_nats``: ``-sum_j a_ij ln a_ij`` with ``0 ln 0 = 0`` and no smoothing.
+* ``entropy``: the same divided by ``ln n_i``, where ``n_i`` is the number of keys row ``i``
+  can see (``T`` in an encoder, ``i + 1`` in a causal model), so 0 is one-hot and 1 uniform.
+* ``distance``: mean attention distance ``sum_j a_ij |i - j|``, in tokens.
+* ``max_weight``: the largest weight of the row.
+* ``self``, ``previous``, ``next``, ``first``: the weight on key ``i``, ``i - 1``, ``i + 1`` and
+  position 0 ([CLS], ``<s>``, or the first word of a model without such a token). ``previous`` is
+  averaged over rows that have a previous token, ``next`` over rows that have a next one.
+* ``sep``: the share on special tokens after position 0 ([SEP], ``</s>``).
+* ``punct``: the share on tokens that are punctuation (not special).
+* ``local``: the share within ``LOCAL_WINDOW`` positions of the query (a band of width 5).
+
+Rows that cannot choose are skipped: a row with a single visible key (row 0 of a causal model)
+and a row with no weight at all (a row whose only weight was on special tokens, after
+``--exclude-special``). A statistic with no rows to average over is reported as 0.
+
+Labels, first rule that applies (thresholds are the module constants below):
+
+1. ``induction``: the head's induction score (when one was measured) is at least
+   ``INDUCTION_SCORE``.
+2. ``self``, ``previous-token``, ``next-token``, ``first-token/[CLS]``, ``[SEP]``,
+   ``punctuation``: the largest of those six shares is at least ``DOMINANT_SHARE``.
+3. ``broad``: the normalised entropy is at least ``BROAD_ENTROPY`` (near uniform).
+4. ``local``: at least ``LOCAL_SHARE`` of the weight lies within ``LOCAL_WINDOW`` positions.
+5. ``mixed``: none of the above.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnviz.capture import Capture
+
+DOMINANT_SHARE = 0.5  # one target with at least this share of a head's attention names the head
+BROAD_ENTROPY = 0.9  # normalised entropy at or above which a head is "broad" (near uniform)
+LOCAL_SHARE = 0.7  # share within LOCAL_WINDOW positions at or above which a head is "local"
+LOCAL_WINDOW = 2  # |i - j| <= LOCAL_WINDOW counts as local
+INDUCTION_SCORE = 0.3  # induction score at or above which a head is an induction head
+
+#: Statistic keys of every row of :func:`head_table`, in display order.
+STAT_KEYS: tuple[str, ...] = ("entropy", "entropy_nats", "distance", "max_weight", "self",
+                              "previous", "next", "first", "sep", "punct", "local")
+
+#: Pattern labels, in rule order.
+LABELS: tuple[str, ...] = ("induction", "self", "previous-token", "next-token",
+                           "first-token/[CLS]", "[SEP]", "punctuation", "broad", "local", "mixed")
+
+# Share statistic -> label, in tie-break order.
+_SHARE_LABELS: tuple[tuple[str, str], ...] = (
+    ("self", "self"), ("previous", "previous-token"), ("next", "next-token"),
+    ("first", "first-token/[CLS]"), ("sep", "[SEP]"), ("punct", "punctuation"))
+
+#: Short forms of the labels, for figure cells.
+SHORT_LABELS: dict[str, str] = {
+    "induction": "induct", "self": "self", "previous-token": "prev", "next-token": "next",
+    "first-token/[CLS]": "first", "[SEP]": "sep", "punctuation": "punct", "broad": "broad",
+    "local": "local", "mixed": "mixed"}
+
+
+def is_punctuation(token: str) -> bool:
+    """Whether a (display) token consists only of punctuation characters, e.g. ``.``, ``,"``."""
+    text = token.strip()
+    return bool(text) and all(unicodedata.category(ch).startswith("P") for ch in text)
+
+
+@dataclass
+class StatSums:
+    """Running sums of the per-row statistics of every held head, and how many rows each has.
+
+    Add the sums of several captures of the same model with ``+`` to average over a corpus,
+    weighted by tokens (every eligible query row counts once).
+
+    Attributes:
+        layers: model layer of each entry on axis 0.
+        heads: model head of each entry on axis 1.
+        sums: statistic -> ``[layer, head]`` sum over eligible rows.
+        counts: statistic -> ``[layer, head]`` number of eligible rows.
+        texts: how many captures were added.
+        tokens: how many tokens (query rows, eligible or not) they had.
+    """
+
+    layers: list[int]
+    heads: list[int]
+    sums: dict[str, np.ndarray]
+    counts: dict[str, np.ndarray]
+    texts: int = 1
+    tokens: int = 0
+    model: str = ""
+    causal: bool = False
+
+    def __add__(self, other: StatSums) -> StatSums:
+        if self.layers != other.layers or self.heads != other.heads:
+            raise ValueError("cannot add statistics of different layers or heads")
+        return StatSums(
+            layers=list(self.layers), heads=list(self.heads),
+            sums={k: self.sums[k] + other.sums[k] for k in STAT_KEYS},
+            counts={k: self.counts[k] + other.counts[k] for k in STAT_KEYS},
+            texts=self.texts + other.texts, tokens=self.tokens + other.tokens,
+            model=self.model, causal=self.causal or other.causal)
+
+    def means(self) -> dict[str, np.ndarray]:
+        """Statistic -> ``[layer, head]`` mean over eligible rows (0 where there are none)."""
+        return {k: np.divide(self.sums[k], self.counts[k], out=np.zeros_like(self.sums[k]),
+                             where=self.counts[k] > 0) for k in STAT_KEYS}
+
+
+def _block_sums(block: np.ndarray, *, causal: bool, sep_mask: np.ndarray,
+                punct_mask: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Sums and counts over eligible rows for one layer: ``block`` is ``[head, query, key]``."""
+    H, T, _ = block.shape
+    positions = np.arange(T)
+    visible = positions + 1 if causal else np.full(T, T)  # keys each row can see
+    row_sum = block.sum(axis=-1)  # [head, query]
+    eligible = (row_sum > 1e-6) & (visible >= 2)[None, :]  # [head, query]
+    logs = np.log(np.where(block > 0, block, 1.0))
+    nats = -(block * logs).sum(axis=-1)  # [head, query]
+    norm = nats / np.log(np.maximum(visible, 2))[None, :]
+    dist = np.abs(positions[:, None] - positions[None, :])  # [query, key]
+    per_row: dict[str, np.ndarray] = {
+        "entropy": norm,
+        "entropy_nats": nats,
+        "distance": (block * dist).sum(axis=-1),
+        "max_weight": block.max(axis=-1),
+        "self": np.diagonal(block, axis1=1, axis2=2),
+        "first": block[:, :, 0],
+        "sep": block[:, :, sep_mask].sum(axis=-1),
+        "punct": block[:, :, punct_mask].sum(axis=-1),
+        "local": (block * (dist <= LOCAL_WINDOW)).sum(axis=-1),
+    }
+    previous = np.zeros((H, T))
+    following = np.zeros((H, T))
+    if T > 1:
+        previous[:, 1:] = np.diagonal(block, offset=-1, axis1=1, axis2=2)
+        following[:, :-1] = np.diagonal(block, offset=1, axis1=1, axis2=2)
+    per_row["previous"] = previous
+    per_row["next"] = following
+    has_previous = eligible & (positions >= 1)[None, :]
+    has_next = eligible & (positions <= T - 2)[None, :]
+    masks = {k: eligible for k in STAT_KEYS}
+    masks["previous"] = has_previous
+    masks["next"] = has_next
+    sums = {k: np.where(masks[k], per_row[k], 0.0).sum(axis=-1) for k in STAT_KEYS}
+    counts = {k: masks[k].sum(axis=-1).astype(np.float64) for k in STAT_KEYS}
+    return sums, counts
+
+
+def stat_sums(capture: Capture) -> StatSums:
+    """Per-row statistic sums of every held head of one capture.
+
+    Args:
+        capture: weights ``[layer, head, query, key]``; rows should sum to 1 (or 0).
+
+    Returns:
+        The sums and row counts; :meth:`StatSums.means` gives the statistics.
+    """
+    L, H, T, _ = capture.weights.shape
+    special = np.asarray(capture.special, dtype=bool)
+    sep_mask = special & (np.arange(T) > 0)
+    punct_mask = np.array([not s and is_punctuation(t)
+                           for t, s in zip(capture.display_tokens, capture.special)], dtype=bool)
+    sums = {k: np.zeros((L, H)) for k in STAT_KEYS}
+    counts = {k: np.zeros((L, H)) for k in STAT_KEYS}
+    for position in range(L):  # one layer at a time keeps float64 copies small
+        block = np.asarray(capture.weights[position], dtype=np.float64)
+        layer_sums, layer_counts = _block_sums(block, causal=capture.causal, sep_mask=sep_mask,
+                                               punct_mask=punct_mask)
+        for key in STAT_KEYS:
+            sums[key][position] = layer_sums[key]
+            counts[key][position] = layer_counts[key]
+    return StatSums(layers=list(capture.layers), heads=list(capture.heads), sums=sums,
+                    counts=counts, texts=1, tokens=T, model=capture.model, causal=capture.causal)
+
+
+def corpus_sums(captures: Iterable[Capture]) -> StatSums:
+    """Statistic sums over several captures of one model (weighted by tokens).
+
+    Raises:
+        ValueError: no captures, or captures holding different layers or heads.
+    """
+    total: StatSums | None = None
+    for capture in captures:
+        sums = stat_sums(capture)
+        total = sums if total is None else total + sums
+    if total is None:
+        raise ValueError("no captures to average over")
+    return total
+
+
+def label_head(stats: dict[str, float], induction: float | None = None) -> str:
+    """The pattern label of one head from its statistics (see the module docstring for rules).
+
+    Args:
+        stats: the head's statistics (the :data:`STAT_KEYS`).
+        induction: the head's induction score, or ``None`` when it was not measured.
+    """
+    if induction is not None and induction >= INDUCTION_SCORE:
+        return "induction"
+    best_key, best_label = max(_SHARE_LABELS, key=lambda item: stats[item[0]])
+    if stats[best_key] >= DOMINANT_SHARE:
+        return best_label
+    if stats["entropy"] >= BROAD_ENTROPY:
+        return "broad"
+    if stats["local"] >= LOCAL_SHARE:
+        return "local"
+    return "mixed"
+
+
+def table_from_sums(sums: StatSums, induction: np.ndarray | None = None) -> list[dict[str, object]]:
+    """One dict per held (layer, head), sorted by layer then head; see :func:`head_table`.
+
+    Args:
+        sums: statistic sums of one capture or a corpus.
+        induction: optional ``[layer, head]`` induction scores for the same layers and heads;
+            when given, every row also has an ``"induction"`` key.
+    """
+    means = sums.means()
+    rows: list[dict[str, object]] = []
+    for li, layer in enumerate(sums.layers):
+        for hi, head in enumerate(sums.heads):
+            stats = {k: float(means[k][li, hi]) for k in STAT_KEYS}
+            score = None if induction is None else float(induction[li, hi])
+            row: dict[str, object] = {"layer": layer, "head": head,
+                                      "label": label_head(stats, score), **stats}
+            if score is not None:
+                row["induction"] = score
+            rows.append(row)
+    return rows
+
+
+def head_table(capture: Capture, induction: np.ndarray | None = None) -> list[dict[str, object]]:
+    """Statistics and a pattern label for every (layer, head) held in a capture.
+
+    Args:
+        capture: weights ``[layer, head, query, key]``.
+        induction: optional ``[layer, head]`` induction scores (see
+            :mod:`attnviz.analysis.induction`) for the capture's layers and heads.
+
+    Returns:
+        One dict per held head, sorted by layer then head, with ``"layer"``, ``"head"`` (model
+        indices, int), ``"label"`` (str) and the float statistics ``"entropy"`` (normalised
+        0..1), ``"entropy_nats"``, ``"distance"``, ``"max_weight"``, ``"self"``, ``"previous"``,
+        ``"next"``, ``"first"``, ``"sep"``, ``"punct"`` and ``"local"`` (plus ``"induction"``
+        when scores were given).
+    """
+    return table_from_sums(stat_sums(capture), induction)
+
+
+def layer_table(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
+    """Mean of every statistic over the heads of each layer, from :func:`head_table` rows.
+
+    The ``sep`` column of this table is where Clark et al.'s (2019) observation shows: in
+    BERT-base, more than half of the attention of layers 6-10 (1-indexed) goes to [SEP].
+    """
+    layers: dict[int, list[dict[str, object]]] = {}
+    for row in rows:
+        layers.setdefault(int(row["layer"]), []).append(row)  # type: ignore[call-overload]
+    keys = [k for k in (*STAT_KEYS, "induction") if rows and k in rows[0]]
+    out: list[dict[str, object]] = []
+    for layer, members in sorted(layers.items()):
+        entry: dict[str, object] = {"layer": layer, "heads": len(members)}
+        for key in keys:
+            entry[key] = float(np.mean([float(m[key]) for m in members]))  # type: ignore[arg-type]
+        entry["labels"] = {label: sum(1 for m in members if m["label"] == label)
+                           for label in LABELS if any(m["label"] == label for m in members)}
+        out.append(entry)
+    return out
