@@ -77,6 +77,10 @@ def atomic_path(target: Path | str) -> Iterator[Path]:
         raise _describe_os_error(exc, target) from None
     os.close(fd)
     tmp = Path(tmp_name)
+    # mkstemp creates 0600 files; give the result the permissions a normal file would get.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     try:
         yield tmp
         os.replace(tmp, target)

@@ -148,3 +148,14 @@ def test_pickle_payload_never_executes(tmp_path):
     folder = _corrupt(tmp_path, "pickle")
     with pytest.raises(DumpError):
         load_capture(folder)
+
+
+def test_written_files_have_normal_permissions(tmp_path):
+    import os
+    import stat
+
+    make_capture().save(tmp_path / "c")
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = stat.S_IMODE((tmp_path / "c" / "attention.npy").stat().st_mode)
+    assert mode == 0o666 & ~umask

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Regenerates every example file README.md shows, into sample_outputs/.
+# Usage: bash scripts/make_samples.sh   (after pip install -e ".[test]")
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=sample_outputs
+mkdir -p "$out"
+export HF_HUB_OFFLINE=1 ATTNVIZ_CACHE_DIR="$(mktemp -d)"
+trap 'rm -rf "$ATTNVIZ_CACHE_DIR" "$out/.tmp"' EXIT
+mkdir -p "$out/.tmp"
+S="The cat sat on the mat"
+
+# Core: one head, a layer's heads, the model overview, top-k, a dump.
+attnviz dump "$S" -o "$out/.tmp/cat" >/dev/null
+attnviz heatmap --from "$out/.tmp/cat" --layer 5 --head 3 -o "$out/heatmap_L5_H3.png"
+attnviz heatmap --from "$out/.tmp/cat" --layer 0 -o "$out/heatmap_L0_heads.png"
+attnviz heatmap --from "$out/.tmp/cat" -o "$out/overview.png"
+attnviz heatmap --from "$out/.tmp/cat" --layer 2 --head mean --exclude-special \
+  -o "$out/heatmap_L2_mean_no_special.png"
+attnviz top-k --from "$out/.tmp/cat" --layer 5 --head 3 -f markdown -o "$out/topk_L5_H3.md"
+attnviz heatmap "The bank of the river" --pair "The bank approved the loan" --layer 3 --head 7 \
+  --no-annot -o "$out/heatmap_pair.png"
+
+# Toy model: bidirectional vs causal, and softmax saturation without 1/sqrt(d_k).
+T="the robot picked up the red ball"
+attnviz heatmap "$T" --model toy --toy-heads 2 --d-model 16 --layer 0 --head 0 \
+  -o "$out/toy_bidirectional.png"
+attnviz heatmap "$T" --model toy --toy-heads 2 --d-model 16 --layer 0 --head 0 --causal \
+  -o "$out/toy_causal.png"
+attnviz heatmap "$T" --model toy --toy-heads 1 --d-model 64 --layer 0 --head 0 --no-scale \
+  -o "$out/toy_no_scale.png"
+
+# Later sections add their samples below (export, analysis, html).
+if [ -f scripts/make_samples_more.sh ]; then
+  . scripts/make_samples_more.sh
+fi
+ls -la "$out"
