@@ -99,8 +99,8 @@ def draw_grid(matrices: np.ndarray, row_labels: Sequence[str], col_labels: Seque
               title: str, cmap: str = "viridis", tokens: Sequence[str] | None = None) -> Figure:
     """A grid of small heatmaps: ``matrices`` is ``[rows, cols, query, key]``.
 
-    Used for a layer's heads (one row) and for the model overview (layers x heads). Token
-    labels are drawn on the outer axes when ``tokens`` is given and short enough.
+    Used for a layer's heads (one row, wrapped into a near-square grid) and for the model
+    overview (layers x heads). With at most 16 ``tokens``, the outer axes carry token labels.
     """
     n_rows, n_cols = matrices.shape[:2]
     if n_rows == 1 and n_cols > 4:  # a single layer: wrap heads into a near-square grid
@@ -110,9 +110,10 @@ def draw_grid(matrices: np.ndarray, row_labels: Sequence[str], col_labels: Seque
     else:
         flat = [(r, c) for r in range(n_rows) for c in range(n_cols)]
         grid_rows, grid_cols = n_rows, n_cols
-    cell = 1.6 if tokens is None or len(tokens) > 16 else 2.2
-    fig = Figure(figsize=(min(1.0 + cell * grid_cols, 40), min(1.2 + cell * grid_rows, 40)),
-                 dpi=DEFAULT_DPI)
+    labelled = tokens is not None and len(tokens) <= 16 and n_rows == 1
+    cell = 2.4 if labelled else 1.6
+    fig = Figure(figsize=(min(1.5 + cell * grid_cols, 40), min(1.0 + cell * grid_rows, 40)),
+                 dpi=DEFAULT_DPI, layout="constrained")
     axes = fig.subplots(grid_rows, grid_cols, squeeze=False)
     image = None
     for index, ax in enumerate(axes.flat):
@@ -131,10 +132,16 @@ def draw_grid(matrices: np.ndarray, row_labels: Sequence[str], col_labels: Seque
                 ax.set_title(col_labels[c], fontsize=9)
             if c == 0:
                 ax.set_ylabel(row_labels[r], fontsize=9)
+        if labelled and tokens is not None:
+            grid_row, grid_col = divmod(index, grid_cols)
+            if grid_col == 0:
+                ax.set_yticks(range(len(tokens)), list(tokens), fontsize=7)
+            if grid_row == grid_rows - 1 or index + grid_cols >= len(flat):
+                ax.set_xticks(range(len(tokens)), list(tokens), fontsize=7, rotation=90)
+            ax.tick_params(length=0)
     fig.suptitle(title, fontsize=12)
     if image is not None:
-        fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.02, pad=0.01,
-                     label="attention weight")
+        fig.colorbar(image, ax=axes, fraction=0.02, pad=0.01, label="attention weight")
     return fig
 
 
