@@ -177,3 +177,33 @@ def test_guess_word_ids():
     assert guess_word_ids(bpe, [False] * 4) == [0, 1, 1, 1]
     sp = ["<s>", "\u2581The", "\u2581cat", "s", "</s>"]
     assert guess_word_ids(sp, [True, False, False, False, True]) == [None, 0, 1, 1, None]
+
+
+@pytest.mark.parametrize("arch", ["t5", "distilbert", "roberta"])
+def test_other_architectures(tmp_path, arch):
+    """Encoder-decoder (encoder self-attention) and other encoders load and capture."""
+    from transformers import (AutoTokenizer, DistilBertConfig, DistilBertModel, RobertaConfig,
+                              RobertaModel, T5Config, T5Model)
+
+    from attnviz.models.hf import bundled_model_path
+
+    if arch == "t5":
+        model = T5Model(T5Config(vocab_size=30522, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                 num_heads=4, decoder_start_token_id=0))
+    elif arch == "distilbert":
+        model = DistilBertModel(DistilBertConfig(vocab_size=30522, dim=32, n_layers=2, n_heads=4,
+                                                 hidden_dim=64))
+    else:
+        model = RobertaModel(RobertaConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                                           num_attention_heads=4, intermediate_size=64,
+                                           max_position_embeddings=40))
+    model.save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(bundled_model_path()).save_pretrained(tmp_path)
+    source = HFSource(str(tmp_path), device="cpu")
+    capture = source.capture(SENTENCE, "A second one.")
+    assert capture.weights.shape == (2, 4, capture.num_tokens, capture.num_tokens)
+    assert not capture.causal
+    np.testing.assert_allclose(capture.weights.sum(-1), 1.0, atol=1e-5)
+    assert capture.meta["model_type"] == arch
+    if arch == "roberta":
+        assert source.max_tokens == 38  # 40 positions minus RoBERTa's padding offset
