@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,6 +48,9 @@ def clean_token(token: str) -> str:
             break
     shown = shown.replace("\u010a", "\\n").replace("\u0109", "\\t").replace("\u0120", " ")
     shown = shown.replace("\u2581", " ").strip()
+    # Control characters would draw as missing glyphs: show their escapes instead.
+    shown = "".join(f"\\x{ord(ch):02x}" if unicodedata.category(ch) == "Cc" else ch
+                    for ch in shown)
     return shown if shown else "\u2423"
 
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import unicodedata
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -59,8 +61,12 @@ class ToyConfig:
 
 
 def split_words(text: str) -> list[str]:
-    """The toy tokenizer: words and single punctuation marks, in order."""
-    return _WORD.findall(text)
+    """The toy tokenizer: words and single punctuation marks, in order.
+
+    Control and format characters (category C*) are not words and are dropped.
+    """
+    return [w for w in _WORD.findall(text)
+            if not all(unicodedata.category(ch).startswith("C") for ch in w)]
 
 
 def word_embedding(word: str, d_model: int, seed: int) -> np.ndarray:
@@ -188,3 +194,94 @@ class ToySource:
             meta={"source": "toy", "toy": asdict(self.config), "dtype": str(self.dtype),
                   "device": str(self.device), "warnings": warnings},
         )
+
+
+@dataclass
+class HeadTrace:
+    """Every intermediate of one toy head on one input, for the step-by-step ``explain`` view.
+
+    Attributes:
+        tokens: the words, length ``T``.
+        layer: block index; head: head index.
+        x: ``(T, d_model)`` input of the block (embeddings for block 0).
+        q, k, v: ``(T, d_k)`` the head's queries, keys and values.
+        scores: ``(T, T)`` raw ``Q K^T``.
+        scaled: ``(T, T)`` ``scores / sqrt(d_k)``, or ``scores`` again without scaling.
+        masked: ``(T, T)`` ``scaled`` with ``-inf`` on future keys of a causal model.
+        weights: ``(T, T)`` ``softmax(masked)`` per row (rows sum to 1), equal to the capture.
+        output: ``(T, d_k)`` ``weights @ v``, the head's output before ``W_O``.
+        scale: the factor applied to the scores (``1/sqrt(d_k)`` or 1).
+        causal: whether future keys were masked.
+    """
+
+    tokens: list[str]
+    layer: int
+    head: int
+    x: np.ndarray
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    scores: np.ndarray
+    scaled: np.ndarray
+    masked: np.ndarray
+    weights: np.ndarray
+    output: np.ndarray
+    scale: float
+    causal: bool
+
+
+def _trace_block(block: ToySelfAttention, x: torch.Tensor, head: int) -> dict[str, torch.Tensor]:
+    """The intermediates of one head, computed exactly as :meth:`ToySelfAttention.forward`."""
+    cfg = block.config
+    T = x.shape[0]
+    q = (x @ block.W_Q).view(T, cfg.heads, cfg.d_k).transpose(0, 1)  # (H, T, d_k)
+    k = (x @ block.W_K).view(T, cfg.heads, cfg.d_k).transpose(0, 1)  # (H, T, d_k)
+    v = (x @ block.W_V).view(T, cfg.heads, cfg.d_k).transpose(0, 1)  # (H, T, d_k)
+    raw = q @ k.transpose(-2, -1)  # (H, T, T)
+    scaled = raw / math.sqrt(cfg.d_k) if cfg.scale else raw
+    masked = scaled
+    if cfg.causal:
+        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        masked = scaled.masked_fill(future, float("-inf"))
+    weights = torch.softmax(masked.float(), dim=-1).to(x.dtype)  # (H, T, T)
+    output = weights @ v  # (H, T, d_k)
+    return {"x": x, "q": q[head], "k": k[head], "v": v[head], "scores": raw[head],
+            "scaled": scaled[head], "masked": masked[head], "weights": weights[head],
+            "output": output[head]}
+
+
+def trace_head(source: ToySource, text: str, layer: int = 0, head: int = 0,
+               pair: str | None = None) -> HeadTrace:
+    """Run the toy model on ``text`` and return every intermediate of one head.
+
+    Args:
+        source: the toy model.
+        text: the input text (split into words as in :meth:`ToySource.capture`).
+        layer: block index (0-based, negative counts from the end).
+        head: head index (0-based, negative counts from the end).
+        pair: an optional second text, appended as in :meth:`ToySource.capture`.
+
+    Returns:
+        The trace; its ``weights`` equal ``source.capture(text).matrix(layer, head)``.
+    """
+    from attnviz.models._torch import to_numpy
+    from attnviz.selection import resolve_index
+
+    layer = resolve_index(layer, source.num_layers, "layer")
+    head = resolve_index(head, source.num_heads, "head")
+    tokens = split_words(text) + (split_words(pair) if pair is not None else [])
+    if not tokens:
+        raise InputError("the text has no words to attend over",
+                         "give a sentence such as \"The cat sat on the mat\"")
+    model = source.model
+    with torch.inference_mode():
+        x = model.embed(tokens).to(device=source.device, dtype=source.dtype)
+        for block in model.blocks[:layer]:
+            out, _ = block(x)
+            x = nn.functional.layer_norm(x + out, (model.config.d_model,))
+        parts = _trace_block(cast(ToySelfAttention, model.blocks[layer]), x, head)
+    arrays = {name: to_numpy(value).astype(np.float64) for name, value in parts.items()}
+    cfg = source.config
+    return HeadTrace(tokens=tokens, layer=layer, head=head,
+                     scale=1.0 / math.sqrt(cfg.d_k) if cfg.scale else 1.0, causal=cfg.causal,
+                     **arrays)
