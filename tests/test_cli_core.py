@@ -166,7 +166,8 @@ BAD = [
     (["top-k", "hi", "--model", "toy", "-l", "0", "--head", "0", "-f", "xml"], 2, "xml"),
     (["top-k", "hi", "--model", "toy", "-l", "0", "--head", "0", "-k", "0"], 2, "-k"),
     (["dump", "hi", "--model", "toy"], 2, "--out"),
-    (["dump", "hi", "--model", "toy", "--toy-layers", "4", "--layers", "3-1", "-o", "d"], 2, "start comes after"),
+    (["dump", "hi", "--model", "toy", "--toy-layers", "4", "--layers", "3-1", "-o", "d"], 2,
+     "start comes after"),
     (["dump", "hi", "--model", "toy", "--heads", "a", "-o", "d"], 2, "not an index"),
     (["heatmap", "--from", "missing-dump"], 1, "does not exist"),
     (["heatmap", "hi there", "--model", "toy", "--max-tokens", "1", "--no-truncate"], 2,
@@ -179,7 +180,7 @@ def test_bad_input(invoke, tmp_path, monkeypatch, args, code, fragment):
     monkeypatch.chdir(tmp_path)
     result = invoke(*args)
     assert_clean(result, code, fragment)
-    assert not [p for p in tmp_path.rglob("*")], "nothing may be written on failure"
+    assert not list(tmp_path.rglob("*")), "nothing may be written on failure"
 
 
 def test_missing_model_folder(invoke, tmp_path):

@@ -182,8 +182,15 @@ def test_guess_word_ids():
 @pytest.mark.parametrize("arch", ["t5", "distilbert", "roberta"])
 def test_other_architectures(tmp_path, arch):
     """Encoder-decoder (encoder self-attention) and other encoders load and capture."""
-    from transformers import (AutoTokenizer, DistilBertConfig, DistilBertModel, RobertaConfig,
-                              RobertaModel, T5Config, T5Model)
+    from transformers import (
+        AutoTokenizer,
+        DistilBertConfig,
+        DistilBertModel,
+        RobertaConfig,
+        RobertaModel,
+        T5Config,
+        T5Model,
+    )
 
     from attnviz.models.hf import bundled_model_path
 
