@@ -1,0 +1,199 @@
+"""``html``: one self-contained, offline HTML report with every view of the attention."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from attnviz.cli import app
+from attnviz.cli._common import (
+    INPUT_PANEL,
+    OUTPUT_PANEL,
+    VIEW_PANEL,
+    CaptureRequest,
+    ExcludeSpecialOpt,
+    HeadsOpt,
+    LayersOpt,
+    WordsOpt,
+    capture_options,
+    check_text,
+    handle_errors,
+    load_model,
+    obtain_capture,
+    stdout,
+    validate_request,
+    warn,
+)
+from attnviz.errors import InputError, UsageError
+
+if TYPE_CHECKING:
+    from attnviz.capture import Capture
+
+
+@dataclass(frozen=True)
+class InputText:
+    """One text of an ``--input`` file."""
+
+    text: str
+    pair: str | None
+    line: int
+
+
+def read_input_file(path: Path) -> tuple[list[InputText], int]:
+    """Texts of an ``--input`` file: one per line, or JSONL with ``text`` (and ``pair``).
+
+    A line starting with ``{`` is read as JSON. ``-`` reads standard input.
+
+    Returns:
+        The texts and the number of blank lines skipped.
+
+    Raises:
+        InputError: the file is missing, not UTF-8, holds a bad JSON line, or no text.
+    """
+    if str(path) == "-":
+        raw = sys.stdin.read()
+        where = "standard input"
+    else:
+        if not path.is_file():
+            raise InputError(f"--input {path} does not exist or is not a file",
+                             "give a text file with one text per line")
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"--input {path} is not valid UTF-8 (byte {exc.start})",
+                             "save the file as UTF-8 and try again") from None
+        except OSError as exc:
+            raise InputError(f"cannot read --input {path}: {exc.strerror or exc}") from None
+        where = str(path)
+    texts: list[InputText] = []
+    blank = 0
+    for number, line in enumerate(raw.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped:
+            blank += 1
+            continue
+        pair: str | None = None
+        text = line.rstrip("\r\n")
+        if stripped.startswith("{"):
+            try:
+                record = json.loads(stripped)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{where}, line {number}: invalid JSON ({exc.msg})",
+                                 "write one JSON object per line, e.g. {\"text\": \"...\"}"
+                                 ) from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise InputError(f"{where}, line {number}: a JSON line needs a \"text\" string")
+            text = record["text"]
+            pair_value = record.get("pair")
+            if pair_value is not None and not isinstance(pair_value, str):
+                raise InputError(f"{where}, line {number}: \"pair\" must be a string")
+            pair = pair_value
+        check_text(text, f"{where}, line {number}")
+        if pair is not None:
+            check_text(pair, f"the pair on {where}, line {number}")
+        texts.append(InputText(text=text, pair=pair, line=number))
+    if not texts:
+        raise InputError(f"{where} holds no text", "write one text per line")
+    return texts, blank
+
+
+def _captures_from_file(request: CaptureRequest, path: Path, layers: str | None,
+                        heads: str | None) -> list[Capture]:
+    """Run the model once per text of an ``--input`` file (loading it once)."""
+    from attnviz.selection import parse_selection
+
+    texts, blank = read_input_file(path)
+    if blank:
+        warn(f"skipped {blank} blank line{'s' if blank != 1 else ''} in {path}")
+    source = load_model(request)
+    layer_list = parse_selection(layers, source.num_layers, "layer") if layers else None
+    head_list = parse_selection(heads, source.num_heads, "head") if heads else None
+    captures = []
+    for item in texts:
+        capture = source.capture(item.text, item.pair, layers=layer_list, heads=head_list,
+                                 max_tokens=request.max_tokens, truncate=request.truncate)
+        for message in capture.meta.get("warnings", []):
+            warn(f"line {item.line}: {message}")
+        captures.append(capture)
+    return captures
+
+
+def _default_output(captures: list[Capture], input_file: Path | None) -> Path:
+    from attnviz.fileio import short_hash, slugify
+
+    first = captures[0]
+    if input_file is not None and str(input_file) != "-":
+        slug = slugify(input_file.stem, 30)
+    else:
+        slug = slugify(first.text, 30)
+    digest = short_hash(*(c.text for c in captures), first.pair or "", first.model, length=6)
+    return Path(f"attention_{slug}_{digest}_report.html")
+
+
+@app.command("html")
+@handle_errors
+@capture_options
+def html_command(
+    request: CaptureRequest,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", rich_help_panel=OUTPUT_PANEL,
+        help="Report file (.html). Default: a name derived from the text.")] = None,
+    input_file: Annotated[Path | None, typer.Option(
+        "--input", "-i", rich_help_panel=INPUT_PANEL, metavar="FILE",
+        help="Several texts in one report: one text per line, or JSONL lines with 'text' "
+             "(and 'pair'); '-' reads standard input. Blank lines are skipped.")] = None,
+    layers: LayersOpt = None,
+    heads: HeadsOpt = None,
+    title: Annotated[str | None, typer.Option(
+        "--title", rich_help_panel=OUTPUT_PANEL,
+        help="Page title. Default: the model and the text.")] = None,
+    precision: Annotated[int, typer.Option(
+        "--precision", rich_help_panel=OUTPUT_PANEL,
+        help="Bits per stored weight: 8 (smallest file, error <= 0.002) or 16 (error "
+             "<= 0.00001).")] = 8,
+    top_k: Annotated[int, typer.Option(
+        "--top-k", "-k", min=1, max=50, rich_help_panel=VIEW_PANEL,
+        help="Keys listed in the head view's hover tooltip.")] = 5,
+    words: WordsOpt = False,
+    exclude_special: ExcludeSpecialOpt = False,
+) -> None:
+    """Write one self-contained HTML report (head view, model view, heatmaps, statistics).
+
+    The file holds its data, scripts and styles: it opens offline in any recent browser.
+
+    --words and --exclude-special only set how the page opens; both are toggles in it.
+
+    Examples:
+
+      attnviz html "The cat sat on the mat" -o report.html
+
+      attnviz html --from cat/ -o cat.html
+
+      attnviz html --input sentences.txt --layers 0-2 -o sentences.html
+    """
+    if precision not in (8, 16):
+        raise UsageError(f"--precision {precision} is not supported", "use 8 or 16")
+    if out is not None and out.suffix.lower() not in (".html", ".htm"):
+        raise UsageError(f"{out} does not end in .html", "name the report e.g. -o report.html")
+    if input_file is not None:
+        if request.text is not None or request.from_path is not None:
+            raise UsageError("--input cannot be combined with TEXT or --from",
+                             "put every text in the --input file, one per line")
+        if request.pair is not None:
+            raise UsageError("--pair cannot be used with --input",
+                             "give pairs as JSONL lines: {\"text\": \"...\", \"pair\": \"...\"}")
+        captures = _captures_from_file(request, input_file, layers, heads)
+    else:
+        validate_request(request)
+        captures = [obtain_capture(request, layers=layers, heads=heads)]
+    from attnviz.render.html import write_report
+
+    path = write_report(captures, out or _default_output(captures, input_file), title=title,
+                        precision=precision, top_k=top_k, words=words,
+                        exclude_special=exclude_special)
+    stdout.print(str(path))

@@ -1,0 +1,1107 @@
+/* attnviz HTML report.
+ *
+ * Reads the JSON in #attnviz-data and draws the head view, model view, heatmap and head
+ * statistics on <canvas>. Every piece of text from the data (tokens, the input text, model
+ * names) is inserted with textContent or drawn with fillText, never parsed as HTML.
+ * The page makes no network request.
+ */
+(function () {
+  "use strict";
+
+  // Viridis, 256 entries of RGB (matplotlib's colour map), as hex.
+  const VIRIDIS_HEX =
+    "44015444025645045745055946075a46085c460a5d460b5e470d60470e61471063471164471365481467481668481769" +
+    "48186a481a6c481b6d481c6e481d6f481f70482071482173482374482475482576482677482878482979472a7a472c7a" +
+    "472d7b472e7c472f7d46307e46327e46337f463480453581453781453882443983443a83443b84433d84433e85423f85" +
+    "4240864241864142874144874045884046883f47883f48893e49893e4a893e4c8a3d4d8a3d4e8a3c4f8a3c508b3b518b" +
+    "3b528b3a538b3a548c39558c39568c38588c38598c375a8c375b8d365c8d365d8d355e8d355f8d34608d34618d33628d" +
+    "33638d32648e32658e31668e31678e31688e30698e306a8e2f6b8e2f6c8e2e6d8e2e6e8e2e6f8e2d708e2d718e2c718e" +
+    "2c728e2c738e2b748e2b758e2a768e2a778e2a788e29798e297a8e297b8e287c8e287d8e277e8e277f8e27808e26818e" +
+    "26828e26828e25838e25848e25858e24868e24878e23888e23898e238a8d228b8d228c8d228d8d218e8d218f8d21908d" +
+    "21918c20928c20928c20938c1f948c1f958b1f968b1f978b1f988b1f998a1f9a8a1e9b8a1e9c891e9d891f9e891f9f88" +
+    "1fa0881fa1881fa1871fa28720a38620a48621a58521a68522a78522a88423a98324aa8325ab8225ac8226ad8127ad81" +
+    "28ae8029af7f2ab07f2cb17e2db27d2eb37c2fb47c31b57b32b67a34b67935b77937b87838b9773aba763bbb753dbc74" +
+    "3fbc7340bd7242be7144bf7046c06f48c16e4ac16d4cc26c4ec36b50c46a52c56954c56856c66758c7655ac8645cc863" +
+    "5ec96260ca6063cb5f65cb5e67cc5c69cd5b6ccd5a6ece5870cf5773d05675d05477d1537ad1517cd2507fd34e81d34d" +
+    "84d44b86d54989d5488bd6468ed64590d74393d74195d84098d83e9bd93c9dd93ba0da39a2da37a5db36a8db34aadc32" +
+    "addc30b0dd2fb2dd2db5de2bb8de29bade28bddf26c0df25c2df23c5e021c8e020cae11fcde11dd0e11cd2e21bd5e21a" +
+    "d8e219dae319dde318dfe318e2e418e5e419e7e419eae51aece51befe51cf1e51df4e61ef6e620f8e621fbe723fde725";
+  const LUT = new Uint8Array(768);
+  for (let i = 0; i < 768; i++) LUT[i] = parseInt(VIRIDIS_HEX.substr(i * 2, 2), 16);
+  const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+    "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a"];
+  const LINE_MIN = 0.01; // fainter lines are invisible: skip them in the full head view
+  const LINE_BUDGET = 4000; // the full head view draws at most this many of the strongest lines
+  const HOVER_MIN = 0.002; // a hovered token's lines: skip only the invisible ones
+  const HEAD_VIEW_WIDTH = 280; // px between the two token columns
+  const MAX_CANVAS_PX = 30000; // stay under browsers' canvas size limits
+  const THUMB_MAX = 128; // model-view thumbnails: at most this many pixels a side
+  const CACHE_LIMIT = 48; // matrices kept in memory
+
+  const byId = (id) => document.getElementById(id);
+  const DATA = JSON.parse(byId("attnviz-data").textContent);
+  const TOP_K = DATA.top_k || 5;
+  const initial = DATA.initial || {};
+
+  const state = {
+    doc: 0,
+    view: "head",
+    layer: 0, // position in doc.layers
+    heads: [], // positions in doc.heads, sorted
+    words: !!initial.words,
+    special: initial.special !== false,
+    scale: "1",
+  };
+  let current = null; // the decoded document on screen
+  const decodedDocs = new Map();
+  const matrixCache = new Map();
+  let hover = null; // head view: {side: "q" | "k", index}
+  let heatLayout = null;
+  let built = { head: "", model: "", stats: "" };
+  let stampedLoad = false;
+
+  // ------------------------------------------------------------------ small helpers
+  function el(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function clamp(value, low, high) {
+    return Math.max(low, Math.min(high, value));
+  }
+
+  function headColour(modelHead) {
+    const count = current ? current.meta.num_heads : PALETTE.length;
+    if (count <= PALETTE.length) return PALETTE[modelHead % PALETTE.length];
+    return "hsl(" + Math.round((modelHead * 360) / count) + ", 65%, 45%)";
+  }
+
+  function digits() {
+    return current && current.bits === 16 ? 4 : 3;
+  }
+
+  function fmt(value) {
+    return value.toFixed(digits());
+  }
+
+  function colourAt(value, vmax) {
+    const index = clamp(Math.round((value / vmax) * 255), 0, 255) * 3;
+    return [LUT[index], LUT[index + 1], LUT[index + 2]];
+  }
+
+  function dpr(heightCss) {
+    const ratio = window.devicePixelRatio || 1;
+    return Math.max(0.25, Math.min(ratio, MAX_CANVAS_PX / Math.max(1, heightCss)));
+  }
+
+  function sizeCanvas(canvas, width, height) {
+    const ratio = dpr(Math.max(width, height));
+    canvas.width = Math.max(1, Math.round(width * ratio));
+    canvas.height = Math.max(1, Math.round(height * ratio));
+    canvas.style.width = width + "px";
+    canvas.style.height = height + "px";
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    return ctx;
+  }
+
+  function showError(error) {
+    const box = byId("error");
+    box.textContent = "The report could not be drawn: " + (error && error.message ? error.message : error);
+    box.hidden = false;
+    console.error(error);
+  }
+
+  // ------------------------------------------------------------------ decoding
+  async function decodeDoc(index) {
+    const meta = DATA.docs[index];
+    const block = meta.weights;
+    if (block.encoding !== "zlib-base64") throw new Error("unknown weight encoding " + block.encoding);
+    if (typeof DecompressionStream === "undefined") {
+      throw new Error("this browser cannot decompress the weights: it needs DecompressionStream " +
+        "(Chrome 80, Firefox 113, Safari 16.4 or newer)");
+    }
+    const [L, H, T, T2] = block.shape;
+    const binary = atob(block.data);
+    const packed = new Uint8Array(binary.length);
+    for (let i = 0; i < binary.length; i++) packed[i] = binary.charCodeAt(i);
+    const stream = new Blob([packed]).stream().pipeThrough(new DecompressionStream("deflate"));
+    const bytes = new Uint8Array(await new Response(stream).arrayBuffer());
+    const count = L * H * T * T2;
+    let values;
+    if (block.bits === 8) {
+      values = bytes;
+    } else {
+      values = new Uint16Array(count);
+      for (let i = 0; i < count; i++) values[i] = bytes[i] | (bytes[count + i] << 8);
+    }
+    if (values.length !== count || bytes.length !== count * (block.bits / 8)) {
+      throw new Error("the weights are damaged: expected " + count + " values");
+    }
+    return { index, meta, L, H, T, values, bits: block.bits, top: Math.pow(2, block.bits) - 1, units: new Map() };
+  }
+
+  function loadDoc(index) {
+    if (!decodedDocs.has(index)) decodedDocs.set(index, decodeDoc(index));
+    return decodedDocs.get(index);
+  }
+
+  // ------------------------------------------------------------------ tokens, words, specials
+  // The units on screen: tokens or words, without special tokens when they are hidden.
+  function units() {
+    const key = (state.words ? "w" : "t") + (state.special ? "s" : "-");
+    if (current.units.has(key)) return current.units.get(key);
+    const meta = current.meta;
+    const T = current.T;
+    let groups = null;
+    let labels = meta.display_tokens;
+    let special = meta.special;
+    if (state.words && meta.words) {
+      groups = meta.words.groups;
+      labels = meta.words.labels;
+      special = meta.words.special;
+    }
+    const count = groups ? groups.length : T;
+    const keyGroup = new Int32Array(T);
+    if (groups) groups.forEach((members, g) => members.forEach((t) => { keyGroup[t] = g; }));
+    let keep = [];
+    for (let u = 0; u < count; u++) if (state.special || !special[u]) keep.push(u);
+    const result = {
+      groups, keyGroup, count, keep,
+      n: keep.length,
+      labels: keep.map((u) => labels[u]),
+      special: keep.map((u) => !!special[u]),
+      tokenIndex: keep.map((u) => (groups ? groups[u][0] : u)),
+    };
+    current.units.set(key, result);
+    return result;
+  }
+
+  // [query, key] weights of one head as a Float32Array of n*n, in the current units.
+  function viewMatrix(layer, head, useCache) {
+    const key = state.doc + "|" + layer + "|" + head + "|" + state.words + "|" + state.special;
+    if (useCache !== false && matrixCache.has(key)) return matrixCache.get(key);
+    const doc = current;
+    const T = doc.T;
+    const u = units();
+    const offset = (layer * doc.H + head) * T * T;
+    const inv = 1 / doc.top;
+    let m = new Float32Array(T * T);
+    for (let i = 0; i < T * T; i++) m[i] = doc.values[offset + i] * inv;
+    let n = T;
+    if (u.groups) {
+      // Attention to a word is the sum over its pieces, from a word the mean (Clark et al.).
+      const G = u.count;
+      const summed = new Float32Array(T * G);
+      for (let i = 0; i < T; i++) {
+        const row = i * T;
+        const out = i * G;
+        for (let j = 0; j < T; j++) summed[out + u.keyGroup[j]] += m[row + j];
+      }
+      const merged = new Float32Array(G * G);
+      for (let g = 0; g < G; g++) {
+        const members = u.groups[g];
+        const target = g * G;
+        for (const i of members) {
+          const source = i * G;
+          for (let c = 0; c < G; c++) merged[target + c] += summed[source + c];
+        }
+        const scale = 1 / members.length;
+        for (let c = 0; c < G; c++) merged[target + c] *= scale;
+      }
+      m = merged;
+      n = G;
+    }
+    if (u.keep.length !== n) {
+      // Hidden special tokens: drop their rows and columns, renormalise rows to sum to 1.
+      const keep = u.keep;
+      const k = keep.length;
+      const out = new Float32Array(k * k);
+      for (let a = 0; a < k; a++) {
+        const row = keep[a] * n;
+        let sum = 0;
+        for (let b = 0; b < k; b++) {
+          const v = m[row + keep[b]];
+          out[a * k + b] = v;
+          sum += v;
+        }
+        if (sum > 0) for (let b = 0; b < k; b++) out[a * k + b] /= sum;
+      }
+      m = out;
+    }
+    if (useCache !== false) {
+      if (matrixCache.size >= CACHE_LIMIT) matrixCache.delete(matrixCache.keys().next().value);
+      matrixCache.set(key, m);
+    }
+    return m;
+  }
+
+  function selectedMatrix() {
+    if (state.heads.length === 1) return viewMatrix(state.layer, state.heads[0]);
+    const n = units().n;
+    const mean = new Float32Array(n * n);
+    for (const head of state.heads) {
+      const m = viewMatrix(state.layer, head);
+      for (let i = 0; i < m.length; i++) mean[i] += m[i];
+    }
+    const scale = 1 / Math.max(1, state.heads.length);
+    for (let i = 0; i < mean.length; i++) mean[i] *= scale;
+    return mean;
+  }
+
+  function topK(values, count, k) {
+    const order = [];
+    for (let i = 0; i < count; i++) order.push(i);
+    order.sort((a, b) => values(b) - values(a) || a - b); // ties: the lower position first
+    return order.slice(0, k).map((i) => [i, values(i)]);
+  }
+
+  function notes() {
+    const list = [];
+    if (state.words && current.meta.words) list.push("word level");
+    if (!state.special && current.meta.special.some(Boolean)) list.push("special tokens hidden, rows renormalised");
+    if (current.meta.causal) list.push("causal");
+    return list;
+  }
+
+  // "model: layer 3, head 7 (notes)"; several heads are a mean in the heatmap, a set elsewhere.
+  function selectionTitle(asMean) {
+    const meta = current.meta;
+    const layer = "layer " + meta.layers[state.layer];
+    const what = asMean === false ? "" : "mean of ";
+    let heads;
+    if (state.heads.length === 0) heads = "no head selected";
+    else if (state.heads.length === 1) heads = "head " + meta.heads[state.heads[0]];
+    else if (state.heads.length === current.H) heads = what + "all " + current.H + " heads";
+    else heads = what + "heads " + state.heads.map((h) => meta.heads[h]).join(", ");
+    const extra = notes();
+    return meta.model + ": " + layer + ", " + heads + (extra.length ? " (" + extra.join("; ") + ")" : "");
+  }
+
+  // ------------------------------------------------------------------ tooltip
+  const tooltip = byId("tooltip");
+
+  // Place the tooltip beside `anchor` ({x, y}, viewport pixels) when it fits, else by the mouse.
+  function showTooltip(event, build, anchor) {
+    tooltip.replaceChildren();
+    build(tooltip);
+    tooltip.hidden = false;
+    const pad = 14;
+    const box = tooltip.getBoundingClientRect();
+    const besideAnchor = anchor && anchor.x + box.width < window.innerWidth - 4;
+    let x = besideAnchor ? anchor.x : event.clientX + pad;
+    let y = besideAnchor ? anchor.y : event.clientY + pad;
+    if (x + box.width > window.innerWidth - 4) x = Math.max(4, event.clientX - pad - box.width);
+    if (y + box.height > window.innerHeight - 4) y = Math.max(4, window.innerHeight - 4 - box.height);
+    tooltip.style.left = x + "px";
+    tooltip.style.top = y + "px";
+  }
+
+  function hideTooltip() {
+    tooltip.hidden = true;
+    tooltip.replaceChildren();
+  }
+
+  function tooltipSection(table, title, colour, entries, labels) {
+    const head = el("tr");
+    const th = el("th");
+    th.colSpan = 3;
+    if (colour) {
+      const swatch = el("span", "swatch");
+      swatch.style.setProperty("--chip", colour);
+      th.appendChild(swatch);
+    }
+    th.appendChild(document.createTextNode(title));
+    head.appendChild(th);
+    table.appendChild(head);
+    entries.forEach(([index, weight], rank) => {
+      const row = el("tr", "entry");
+      row.dataset.index = String(index);
+      row.appendChild(el("td", "rank", String(rank + 1)));
+      row.appendChild(el("td", "tok", labels[index]));
+      row.appendChild(el("td", "w", fmt(weight)));
+      table.appendChild(row);
+    });
+  }
+
+  // ------------------------------------------------------------------ head view
+  function rowHeight(n) {
+    return clamp(Math.floor(MAX_CANVAS_PX / Math.max(1, n)), 4, 20);
+  }
+
+  function layoutHeadView() {
+    const u = units();
+    const rowH = rowHeight(u.n);
+    const fontPx = clamp(rowH - 5, 3, 13);
+    for (const [id, side] of [["hv-left", "q"], ["hv-right", "k"]]) {
+      const column = byId(id);
+      const items = [];
+      u.labels.forEach((label, i) => {
+        const token = el("div", "tok" + (u.special[i] ? " special" : ""), label);
+        token.dataset.i = String(i);
+        token.dataset.side = side;
+        token.style.height = rowH + "px";
+        token.style.lineHeight = rowH + "px";
+        token.style.fontSize = fontPx + "px";
+        token.title = label;
+        items.push(token);
+      });
+      column.replaceChildren(...items);
+    }
+    built.head = layoutKey();
+  }
+
+  function drawHeadView() {
+    const u = units();
+    const n = u.n;
+    const rowH = rowHeight(n);
+    const canvas = byId("hv-canvas");
+    const width = HEAD_VIEW_WIDTH;
+    const height = Math.max(1, n * rowH);
+    const ctx = sizeCanvas(canvas, width, height);
+    ctx.clearRect(0, 0, width, height);
+    ctx.lineWidth = n > 200 ? 1 : 1.5;
+    const y = (i) => i * rowH + rowH / 2;
+    const meta = current.meta;
+    const threshold = hover ? HOVER_MIN : lineThreshold(state.heads.map((h) => viewMatrix(state.layer, h)));
+    for (const head of state.heads) {
+      const m = viewMatrix(state.layer, head);
+      ctx.strokeStyle = headColour(meta.heads[head]);
+      if (hover) {
+        ctx.lineWidth = 2;
+        for (let other = 0; other < n; other++) {
+          const w = hover.side === "q" ? m[hover.index * n + other] : m[other * n + hover.index];
+          if (w < threshold) continue;
+          ctx.globalAlpha = Math.min(1, w);
+          ctx.beginPath();
+          if (hover.side === "q") { ctx.moveTo(0, y(hover.index)); ctx.lineTo(width, y(other)); }
+          else { ctx.moveTo(0, y(other)); ctx.lineTo(width, y(hover.index)); }
+          ctx.stroke();
+        }
+        continue;
+      }
+      // One stroke per line: a single path of thousands of crossing lines is far slower to
+      // rasterise than the same lines stroked one by one.
+      for (let i = 0; i < n; i++) {
+        const yi = y(i);
+        const row = i * n;
+        for (let j = 0; j < n; j++) {
+          const w = m[row + j];
+          if (w < threshold) continue;
+          ctx.globalAlpha = Math.min(1, w);
+          ctx.beginPath();
+          ctx.moveTo(0, yi);
+          ctx.lineTo(width, y(j));
+          ctx.stroke();
+        }
+      }
+    }
+    ctx.globalAlpha = 1;
+    shadeTokens(n);
+    for (const id of ["hv-left", "hv-right"]) {
+      const side = id === "hv-left" ? "q" : "k";
+      for (const token of byId(id).querySelectorAll(".tok.active")) token.classList.remove("active");
+      if (hover && hover.side === side) {
+        const token = byId(id).children[hover.index];
+        if (token) token.classList.add("active");
+      }
+    }
+  }
+
+  // While a token is hovered, shade the tokens on the other side by the (mean) weight.
+  let shaded = [];
+  function shadeTokens(n) {
+    for (const token of shaded) token.style.backgroundColor = "";
+    shaded = [];
+    if (!hover || state.heads.length === 0) return;
+    const m = selectedMatrix();
+    const column = byId(hover.side === "q" ? "hv-right" : "hv-left").children;
+    for (let other = 0; other < n && other < column.length; other++) {
+      const w = hover.side === "q" ? m[hover.index * n + other] : m[other * n + hover.index];
+      if (w < 0.01) continue;
+      column[other].style.backgroundColor = "rgba(47, 111, 223, " + Math.min(0.7, w).toFixed(3) + ")";
+      shaded.push(column[other]);
+    }
+  }
+
+  // Long inputs: raise the cut-off so only the LINE_BUDGET strongest lines are drawn (the long
+  // faint ones cost most of the drawing time and cannot be seen under the others).
+  function lineThreshold(matrices) {
+    const bins = 256;
+    const histogram = new Uint32Array(bins);
+    for (const m of matrices) {
+      for (let i = 0; i < m.length; i++) {
+        if (m[i] >= LINE_MIN) histogram[Math.min(bins - 1, Math.floor(m[i] * bins))]++;
+      }
+    }
+    let total = 0;
+    for (let b = bins - 1; b >= 0; b--) {
+      total += histogram[b];
+      if (total > LINE_BUDGET) return Math.max(LINE_MIN, (b + 1) / bins);
+    }
+    return LINE_MIN;
+  }
+
+  function headViewTooltip(event, token) {
+    const u = units();
+    const meta = current.meta;
+    const index = hover.index;
+    // Beside the right-hand column, level with the token, so no token is covered.
+    const anchor = { x: byId("hv-right").getBoundingClientRect().right + 16,
+      y: Math.max(4, token.getBoundingClientRect().top - 8) };
+    showTooltip(event, (box) => {
+      const asQuery = hover.side === "q";
+      const title = (asQuery ? "query " : "key ") + index + ": " + u.labels[index] +
+        "  (layer " + meta.layers[state.layer] + ")";
+      box.appendChild(el("div", "tt-title", title));
+      box.appendChild(el("div", "tt-sub", asQuery ? "attends most to" : "attended most by"));
+      const table = el("table");
+      box.dataset.side = hover.side;
+      box.dataset.index = String(index);
+      const n = u.n;
+      const sections = [];
+      if (state.heads.length > 1) sections.push(["mean of selected heads", null, selectedMatrix()]);
+      for (const head of state.heads.slice(0, 16)) {
+        sections.push(["head " + meta.heads[head], headColour(meta.heads[head]), viewMatrix(state.layer, head)]);
+      }
+      for (const [name, colour, m] of sections) {
+        const value = asQuery ? (j) => m[index * n + j] : (i) => m[i * n + index];
+        tooltipSection(table, name, colour, topK(value, n, TOP_K), u.labels);
+      }
+      if (state.heads.length === 0) box.appendChild(el("div", "", "Select a head to see weights."));
+      box.appendChild(table);
+    }, anchor);
+  }
+
+  function onHeadViewOver(event) {
+    const token = event.target.closest(".tok");
+    if (!token) return;
+    hover = { side: token.dataset.side, index: Number(token.dataset.i) };
+    drawHeadView();
+    headViewTooltip(event, token);
+  }
+
+  function onHeadViewLeave() {
+    if (!hover) return;
+    hover = null;
+    hideTooltip();
+    drawHeadView();
+  }
+
+  function composeHeadView() {
+    const u = units();
+    const rowH = rowHeight(u.n);
+    const lines = byId("hv-canvas");
+    const labelWidth = Math.max(byId("hv-left").offsetWidth, 40);
+    const titleH = 28;
+    const width = labelWidth * 2 + HEAD_VIEW_WIDTH;
+    const height = titleH + u.n * rowH;
+    const canvas = document.createElement("canvas");
+    const ctx = sizeCanvas(canvas, width, height);
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, width, height);
+    ctx.fillStyle = "#1d1f23";
+    ctx.font = "600 13px system-ui, sans-serif";
+    ctx.textBaseline = "middle";
+    ctx.fillText(selectionTitle(false), 6, titleH / 2);
+    ctx.font = clamp(rowH - 5, 3, 13) + "px system-ui, sans-serif";
+    u.labels.forEach((label, i) => {
+      ctx.fillStyle = u.special[i] ? "#5f6670" : "#1d1f23";
+      const yy = titleH + i * rowH + rowH / 2;
+      ctx.textAlign = "right";
+      ctx.fillText(label, labelWidth - 6, yy, labelWidth - 8);
+      ctx.textAlign = "left";
+      ctx.fillText(label, labelWidth + HEAD_VIEW_WIDTH + 6, yy, labelWidth - 8);
+    });
+    ctx.drawImage(lines, labelWidth, titleH, HEAD_VIEW_WIDTH, u.n * rowH);
+    return canvas;
+  }
+
+  // ------------------------------------------------------------------ model view
+  function thumbnail(canvas, layer, head) {
+    const m = viewMatrix(layer, head, false);
+    const n = units().n;
+    const block = Math.max(1, Math.ceil(n / THUMB_MAX));
+    const r = Math.max(1, Math.ceil(n / block));
+    canvas.width = r;
+    canvas.height = r;
+    const ctx = canvas.getContext("2d");
+    const image = ctx.createImageData(r, r);
+    let vmax = 1;
+    if (state.scale === "max") {
+      vmax = 0;
+      for (let i = 0; i < m.length; i++) if (m[i] > vmax) vmax = m[i];
+      vmax = vmax || 1;
+    }
+    // Each pixel shows the largest weight of its block of tokens, so thin patterns survive.
+    for (let a = 0; a < r; a++) {
+      for (let b = 0; b < r; b++) {
+        let best = 0;
+        for (let i = a * block; i < Math.min(n, (a + 1) * block); i++) {
+          const row = i * n;
+          for (let j = b * block; j < Math.min(n, (b + 1) * block); j++) if (m[row + j] > best) best = m[row + j];
+        }
+        const [red, green, blue] = colourAt(best, vmax);
+        const p = (a * r + b) * 4;
+        image.data[p] = red;
+        image.data[p + 1] = green;
+        image.data[p + 2] = blue;
+        image.data[p + 3] = 255;
+      }
+    }
+    ctx.putImageData(image, 0, 0);
+  }
+
+  function modelCellSize() {
+    const available = Math.max(300, window.innerWidth - 120);
+    return clamp(Math.floor(available / current.H) - 8, 36, 110);
+  }
+
+  function statsFor(modelLayer, modelHead) {
+    const rows = current.meta.stats;
+    if (!rows) return null;
+    return rows.find((row) => row.layer === modelLayer && row.head === modelHead) || null;
+  }
+
+  function buildModelView() {
+    const grid = byId("mv-grid");
+    const meta = current.meta;
+    const size = modelCellSize();
+    grid.style.gridTemplateColumns = "auto repeat(" + current.H + ", " + (size + 4) + "px)";
+    const items = [el("div", "label", "")];
+    meta.heads.forEach((h) => items.push(el("div", "label", "head " + h)));
+    for (let l = 0; l < current.L; l++) {
+      items.push(el("div", "label", "layer " + meta.layers[l]));
+      for (let h = 0; h < current.H; h++) {
+        const canvas = el("canvas", "cell");
+        canvas.dataset.layer = String(l);
+        canvas.dataset.head = String(h);
+        canvas.style.width = size + "px";
+        canvas.style.height = size + "px";
+        const stats = statsFor(meta.layers[l], meta.heads[h]);
+        canvas.title = "layer " + meta.layers[l] + ", head " + meta.heads[h] +
+          (stats && stats.label ? ": " + stats.label : "");
+        thumbnail(canvas, l, h);
+        items.push(canvas);
+      }
+    }
+    grid.replaceChildren(...items);
+    built.model = layoutKey() + "|" + state.scale + "|" + size;
+  }
+
+  function markModelSelection() {
+    for (const canvas of byId("mv-grid").querySelectorAll("canvas")) {
+      const on = Number(canvas.dataset.layer) === state.layer && state.heads.includes(Number(canvas.dataset.head));
+      canvas.classList.toggle("selected", on);
+    }
+  }
+
+  function composeModelView() {
+    const meta = current.meta;
+    const size = modelCellSize();
+    const left = 64;
+    const top = 48;
+    const gap = 4;
+    const width = left + current.H * (size + gap) + 8;
+    const height = top + current.L * (size + gap) + 8;
+    const canvas = document.createElement("canvas");
+    const ctx = sizeCanvas(canvas, width, height);
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, width, height);
+    ctx.fillStyle = "#1d1f23";
+    ctx.font = "600 13px system-ui, sans-serif";
+    ctx.textBaseline = "middle";
+    const extra = notes();
+    ctx.fillText(meta.model + ": every layer and head" + (extra.length ? " (" + extra.join("; ") + ")" : ""), 6, 14);
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.fillStyle = "#5f6670";
+    ctx.textAlign = "center";
+    meta.heads.forEach((h, i) => ctx.fillText("head " + h, left + i * (size + gap) + size / 2, top - 10));
+    ctx.textAlign = "right";
+    meta.layers.forEach((l, i) => ctx.fillText("layer " + l, left - 6, top + i * (size + gap) + size / 2));
+    ctx.imageSmoothingEnabled = false;
+    for (const cell of byId("mv-grid").querySelectorAll("canvas")) {
+      const l = Number(cell.dataset.layer);
+      const h = Number(cell.dataset.head);
+      ctx.drawImage(cell, left + h * (size + gap), top + l * (size + gap), size, size);
+    }
+    return canvas;
+  }
+
+  // ------------------------------------------------------------------ heatmap
+  function truncateLabel(ctx, label, maxWidth) {
+    if (ctx.measureText(label).width <= maxWidth) return label;
+    let text = label;
+    while (text.length > 1 && ctx.measureText(text + "\u2026").width > maxWidth) text = text.slice(0, -1);
+    return text + "\u2026";
+  }
+
+  function drawHeatmap() {
+    const canvas = byId("hm-canvas");
+    const u = units();
+    const n = u.n;
+    const title = selectionTitle();
+    canvas.setAttribute("aria-label", title);
+    if (state.heads.length === 0 || n === 0) {
+      const ctx = sizeCanvas(canvas, 420, 40);
+      ctx.fillStyle = "#5f6670";
+      ctx.font = "13px system-ui, sans-serif";
+      ctx.fillText(n === 0 ? "No tokens left to show." : "Select at least one head.", 4, 24);
+      heatLayout = null;
+      return;
+    }
+    const m = selectedMatrix();
+    let vmax = 1;
+    if (state.scale === "max") {
+      vmax = 0;
+      for (let i = 0; i < m.length; i++) if (m[i] > vmax) vmax = m[i];
+      vmax = vmax || 1;
+    }
+    const room = clamp(Math.min(window.innerWidth - 300, window.innerHeight * 1.2), 240, 1100);
+    // Whole pixels per cell while they fit; past that, fractional cells fill the room.
+    const cell = room / n >= 4 ? clamp(Math.floor(room / n), 4, 36) : room / n;
+    const step = cell >= 9 ? 1 : Math.ceil(9 / cell);
+    const fontPx = clamp(cell - 2, 9, 12);
+    const probe = canvas.getContext("2d");
+    probe.font = fontPx + "px system-ui, sans-serif";
+    let labelW = 20;
+    for (let i = 0; i < n; i += step) labelW = Math.max(labelW, probe.measureText(u.labels[i]).width);
+    labelW = Math.min(140, Math.ceil(labelW)) + 8;
+    const titleH = 26;
+    const x0 = labelW;
+    const y0 = titleH + labelW;
+    const size = n * cell;
+    const barX = x0 + size + 18;
+    const barH = Math.max(size, 120);
+    const width = barX + 14 + 48;
+    const height = y0 + Math.max(size, barH) + 12;
+    const ctx = sizeCanvas(canvas, Math.max(width, 360), height);
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, Math.max(width, 360), height);
+    ctx.fillStyle = "#1d1f23";
+    ctx.font = "600 13px system-ui, sans-serif";
+    ctx.textBaseline = "middle";
+    ctx.fillText(title, 4, titleH / 2);
+    // The matrix: one pixel per cell, scaled up without smoothing.
+    const pixels = document.createElement("canvas");
+    pixels.width = n;
+    pixels.height = n;
+    const pctx = pixels.getContext("2d");
+    const image = pctx.createImageData(n, n);
+    for (let i = 0; i < n * n; i++) {
+      const [red, green, blue] = colourAt(m[i], vmax);
+      image.data[i * 4] = red;
+      image.data[i * 4 + 1] = green;
+      image.data[i * 4 + 2] = blue;
+      image.data[i * 4 + 3] = 255;
+    }
+    pctx.putImageData(image, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(pixels, x0, y0, size, size);
+    // Token labels: queries on the left, keys on top.
+    ctx.font = fontPx + "px system-ui, sans-serif";
+    ctx.textBaseline = "middle";
+    for (let i = 0; i < n; i += step) {
+      ctx.fillStyle = u.special[i] ? "#5f6670" : "#1d1f23";
+      const label = truncateLabel(ctx, u.labels[i], labelW - 8);
+      ctx.textAlign = "right";
+      ctx.fillText(label, x0 - 4, y0 + i * cell + cell / 2);
+      ctx.save();
+      ctx.translate(x0 + i * cell + cell / 2, y0 - 4);
+      ctx.rotate(-Math.PI / 2);
+      ctx.textAlign = "left";
+      ctx.fillText(label, 0, 0);
+      ctx.restore();
+    }
+    // Values in the cells when they are big enough to read.
+    if (cell >= 26) {
+      ctx.font = "9px system-ui, sans-serif";
+      ctx.textAlign = "center";
+      for (let i = 0; i < n; i++) {
+        for (let j = 0; j < n; j++) {
+          const v = m[i * n + j];
+          ctx.fillStyle = v / vmax > 0.6 ? "#000" : "#fff";
+          ctx.fillText(v.toFixed(2), x0 + j * cell + cell / 2, y0 + i * cell + cell / 2);
+        }
+      }
+    }
+    // Colour scale.
+    for (let p = 0; p < barH; p++) {
+      const [red, green, blue] = colourAt(vmax * (1 - p / (barH - 1)), vmax);
+      ctx.fillStyle = "rgb(" + red + "," + green + "," + blue + ")";
+      ctx.fillRect(barX, y0 + p, 14, 1);
+    }
+    ctx.fillStyle = "#1d1f23";
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.textAlign = "left";
+    for (const fraction of [0, 0.25, 0.5, 0.75, 1]) {
+      const value = vmax * fraction;
+      const yy = y0 + (1 - fraction) * (barH - 1);
+      ctx.fillRect(barX + 14, yy, 4, 1);
+      ctx.fillText(value.toFixed(2), barX + 20, yy);
+    }
+    heatLayout = { x0, y0, cell, n, m, labels: u.labels };
+    canvas.dataset.x0 = String(x0);
+    canvas.dataset.y0 = String(y0);
+    canvas.dataset.cell = String(cell);
+    canvas.dataset.n = String(n);
+  }
+
+  function onHeatmapMove(event) {
+    if (!heatLayout) return;
+    const { x0, y0, cell, n, m, labels } = heatLayout;
+    const rect = event.currentTarget.getBoundingClientRect();
+    const col = Math.floor((event.clientX - rect.left - x0) / cell);
+    const row = Math.floor((event.clientY - rect.top - y0) / cell);
+    if (row < 0 || col < 0 || row >= n || col >= n) {
+      hideTooltip();
+      return;
+    }
+    showTooltip(event, (box) => {
+      box.dataset.query = String(row);
+      box.dataset.key = String(col);
+      box.appendChild(el("div", "tt-title", "query " + row + ": " + labels[row]));
+      const table = el("table");
+      const tr = el("tr", "entry");
+      tr.dataset.index = String(col);
+      tr.appendChild(el("td", "", "key " + col + ":"));
+      tr.appendChild(el("td", "tok", labels[col]));
+      tr.appendChild(el("td", "w", fmt(m[row * n + col])));
+      table.appendChild(tr);
+      box.appendChild(table);
+    });
+  }
+
+  // ------------------------------------------------------------------ statistics
+  const STAT_ORDER = ["layer", "head", "label", "entropy", "distance", "max_weight", "self",
+    "previous", "next", "first", "sep", "punct"];
+  let statSort = { key: null, descending: false };
+
+  function buildStats() {
+    const table = byId("stats-table");
+    const rows = current.meta.stats || [];
+    const keys = STAT_ORDER.filter((k) => rows.length && k in rows[0]);
+    if (rows.length) for (const k of Object.keys(rows[0])) if (!keys.includes(k)) keys.push(k);
+    const sorted = rows.slice();
+    if (statSort.key) {
+      const k = statSort.key;
+      sorted.sort((a, b) => {
+        const x = a[k];
+        const y = b[k];
+        const order = typeof x === "number" && typeof y === "number" ? x - y : String(x).localeCompare(String(y));
+        return statSort.descending ? -order : order;
+      });
+    }
+    const thead = el("thead");
+    const headRow = el("tr");
+    for (const k of keys) {
+      const arrow = statSort.key === k ? (statSort.descending ? " \u25bc" : " \u25b2") : "";
+      const th = el("th", k === "label" ? "label" : "", k.replace("_", " ") + arrow);
+      th.addEventListener("click", () => {
+        statSort = { key: k, descending: statSort.key === k ? !statSort.descending : false };
+        buildStats();
+      });
+      headRow.appendChild(th);
+    }
+    thead.appendChild(headRow);
+    const tbody = el("tbody");
+    for (const row of sorted) {
+      const tr = el("tr");
+      tr.dataset.layer = String(row.layer);
+      tr.dataset.head = String(row.head);
+      for (const k of keys) {
+        const v = row[k];
+        const text = typeof v === "number" && !Number.isInteger(v) ? v.toFixed(3) : v === null ? "" : String(v);
+        tr.appendChild(el("td", k === "label" ? "label" : "", text));
+      }
+      tr.addEventListener("click", () => {
+        const l = current.meta.layers.indexOf(row.layer);
+        const h = current.meta.heads.indexOf(row.head);
+        if (l >= 0 && h >= 0) select({ layer: l, heads: [h], view: "heatmap" });
+      });
+      tbody.appendChild(tr);
+    }
+    table.replaceChildren(thead, tbody);
+    built.stats = String(state.doc);
+    markStatsSelection();
+  }
+
+  function markStatsSelection() {
+    const meta = current.meta;
+    for (const tr of byId("stats-table").querySelectorAll("tbody tr")) {
+      const on = Number(tr.dataset.layer) === meta.layers[state.layer] &&
+        state.heads.some((h) => meta.heads[h] === Number(tr.dataset.head));
+      tr.classList.toggle("selected", on);
+    }
+  }
+
+  // ------------------------------------------------------------------ controls and state
+  function layoutKey() {
+    return state.doc + "|" + state.words + "|" + state.special;
+  }
+
+  function buildControls() {
+    const meta = current.meta;
+    const layerSelect = byId("layer");
+    layerSelect.replaceChildren(...meta.layers.map((l, i) => {
+      const option = el("option", "", "layer " + l);
+      option.value = String(i);
+      return option;
+    }));
+    const heads = byId("heads");
+    heads.replaceChildren(...meta.heads.map((h, i) => {
+      const chip = el("button", "chip", String(h));
+      chip.type = "button";
+      chip.dataset.head = String(i);
+      chip.title = "head " + h + ": click to show or hide, shift-click to show only this head";
+      chip.style.setProperty("--chip", headColour(h));
+      return chip;
+    }));
+    const words = byId("words");
+    words.disabled = !meta.words;
+    words.parentElement.title = meta.words ? words.parentElement.title : "Every word is a single token in this text";
+    byId("special").disabled = !meta.special.some(Boolean);
+    byId("stats-tab").hidden = !meta.stats;
+    const info = byId("doc-info");
+    const parts = [el("span", "", meta.model + " \u00b7 " + meta.tokens.length + " tokens \u00b7 " +
+      meta.layers.length + " of " + meta.num_layers + " layers \u00b7 " + meta.heads.length + " of " +
+      meta.num_heads + " heads" + (meta.causal ? " \u00b7 causal" : "") + " \u00b7 " +
+      current.bits + "-bit weights \u00b7 text: ")];
+    const full = meta.pair !== null && meta.pair !== undefined ? meta.text + "  |  " + meta.pair : meta.text;
+    const text = el("span", "text", full);
+    if (full.length > 240) {
+      // Long inputs fold to three lines; a click unfolds them.
+      text.classList.add("long");
+      text.title = "click to show or hide the whole text";
+      text.addEventListener("click", () => text.classList.toggle("open"));
+    }
+    parts.push(text);
+    info.replaceChildren(...parts);
+    built = { head: "", model: "", stats: "" };
+  }
+
+  function syncControls() {
+    byId("doc").value = String(state.doc);
+    byId("layer").value = String(state.layer);
+    for (const chip of byId("heads").children) {
+      chip.setAttribute("aria-pressed", String(state.heads.includes(Number(chip.dataset.head))));
+    }
+    byId("words").checked = state.words && !!current.meta.words;
+    byId("special").checked = state.special;
+    byId("scale").value = state.scale;
+    for (const tab of document.querySelectorAll(".tabs button")) {
+      tab.setAttribute("aria-selected", String(tab.dataset.view === state.view));
+    }
+    for (const view of ["head", "model", "heatmap", "stats"]) byId("view-" + view).hidden = view !== state.view;
+    byId("save-png").disabled = state.view === "stats";
+  }
+
+  function writeHash() {
+    const meta = current.meta;
+    const hash = "#doc=" + state.doc + "&view=" + state.view + "&layer=" + meta.layers[state.layer] +
+      "&heads=" + state.heads.map((h) => meta.heads[h]).join(",") + "&words=" + (state.words ? 1 : 0) +
+      "&special=" + (state.special ? 1 : 0) + "&scale=" + state.scale;
+    if (location.hash === hash) return;
+    try {
+      history.replaceState(null, "", hash);
+    } catch (error) {
+      location.hash = hash; // some browsers refuse replaceState on file: pages
+    }
+  }
+
+  function parseHash() {
+    const params = {};
+    for (const part of location.hash.replace(/^#/, "").split("&")) {
+      if (!part) continue;
+      const at = part.indexOf("=");
+      if (at < 0) continue;
+      params[decodeURIComponent(part.slice(0, at))] = decodeURIComponent(part.slice(at + 1));
+    }
+    return params;
+  }
+
+  // Apply what the address says to the state (unknown values are ignored).
+  function applyHash(params) {
+    const meta = current.meta;
+    if (["head", "model", "heatmap", "stats"].includes(params.view)) {
+      state.view = params.view === "stats" && !meta.stats ? "head" : params.view;
+    }
+    if (params.layer !== undefined) {
+      const l = meta.layers.indexOf(Number(params.layer));
+      if (l >= 0) state.layer = l;
+    }
+    if (params.heads !== undefined) {
+      const heads = params.heads === "" ? [] : params.heads.split(",")
+        .map((h) => meta.heads.indexOf(Number(h))).filter((h) => h >= 0);
+      state.heads = Array.from(new Set(heads)).sort((a, b) => a - b);
+    }
+    if (params.words !== undefined) state.words = params.words === "1";
+    if (params.special !== undefined) state.special = params.special !== "0";
+    if (params.scale === "1" || params.scale === "max") state.scale = params.scale;
+  }
+
+  function render() {
+    syncControls();
+    writeHash();
+    hideTooltip();
+    if (state.view === "head") {
+      if (built.head !== layoutKey()) layoutHeadView();
+      drawHeadView();
+    } else if (state.view === "model") {
+      if (built.model !== layoutKey() + "|" + state.scale + "|" + modelCellSize()) buildModelView();
+      markModelSelection();
+    } else if (state.view === "heatmap") {
+      drawHeatmap();
+    } else if (state.view === "stats") {
+      if (built.stats !== String(state.doc)) buildStats();
+      markStatsSelection();
+    }
+  }
+
+  function select(change) {
+    const modeChanged = ("words" in change && change.words !== state.words) ||
+      ("special" in change && change.special !== state.special);
+    Object.assign(state, change);
+    if (modeChanged) {
+      hover = null;
+      matrixCache.clear();
+    }
+    render();
+  }
+
+  async function showDoc(index, params) {
+    state.doc = clamp(index, 0, DATA.docs.length - 1);
+    current = await loadDoc(state.doc);
+    matrixCache.clear();
+    hover = null;
+    state.layer = 0;
+    state.heads = current.meta.heads.map((_, i) => i);
+    buildControls();
+    if (params) applyHash(params);
+    if (state.layer >= current.L) state.layer = 0;
+    render();
+  }
+
+  function moveLayer(delta) {
+    select({ layer: clamp(state.layer + delta, 0, current.L - 1) });
+  }
+
+  function moveHead(delta) {
+    const from = state.heads.length === 1 ? state.heads[0] : delta > 0 ? -1 : current.H;
+    select({ heads: [clamp(from + delta, 0, current.H - 1)] });
+  }
+
+  function savePng() {
+    let canvas = null;
+    if (state.view === "head") canvas = composeHeadView();
+    else if (state.view === "model") canvas = composeModelView();
+    else if (state.view === "heatmap") canvas = byId("hm-canvas");
+    if (!canvas) return;
+    const meta = current.meta;
+    const heads = state.heads.length === 1 ? "H" + meta.heads[state.heads[0]] :
+      state.heads.length === current.H ? "all" : "H" + state.heads.map((h) => meta.heads[h]).join("-");
+    const name = ("attnviz_" + meta.model + "_" + state.view + (state.view === "model" ? "" :
+      "_L" + meta.layers[state.layer] + "_" + heads)).replace(/[^A-Za-z0-9_.-]+/g, "_") + ".png";
+    canvas.toBlob((blob) => {
+      if (!blob) {
+        showError(new Error("the view is too large to save as PNG"));
+        return;
+      }
+      const url = URL.createObjectURL(blob);
+      const link = el("a");
+      link.href = url;
+      link.download = name;
+      document.body.appendChild(link);
+      link.click();
+      link.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 30000);
+    }, "image/png");
+  }
+
+  function wire() {
+    const docSelect = byId("doc");
+    DATA.docs.forEach((doc, i) => {
+      const text = doc.text.length > 70 ? doc.text.slice(0, 69) + "\u2026" : doc.text;
+      const option = el("option", "", (i + 1) + ": " + text);
+      option.value = String(i);
+      docSelect.appendChild(option);
+    });
+    byId("doc-label").hidden = DATA.docs.length < 2;
+    docSelect.addEventListener("change", () => showDoc(Number(docSelect.value)).catch(showError));
+    byId("layer").addEventListener("change", (e) => select({ layer: Number(e.target.value) }));
+    byId("heads").addEventListener("click", (e) => {
+      const chip = e.target.closest(".chip");
+      if (!chip) return;
+      const head = Number(chip.dataset.head);
+      let heads;
+      if (e.shiftKey) heads = [head];
+      else if (state.heads.includes(head)) heads = state.heads.filter((h) => h !== head);
+      else heads = state.heads.concat([head]).sort((a, b) => a - b);
+      select({ heads });
+    });
+    byId("heads-all").addEventListener("click", () => select({ heads: current.meta.heads.map((_, i) => i) }));
+    byId("heads-none").addEventListener("click", () => select({ heads: [] }));
+    byId("words").addEventListener("change", (e) => select({ words: e.target.checked }));
+    byId("special").addEventListener("change", (e) => select({ special: e.target.checked }));
+    byId("scale").addEventListener("change", (e) => select({ scale: e.target.value }));
+    for (const tab of document.querySelectorAll(".tabs button")) {
+      tab.addEventListener("click", () => select({ view: tab.dataset.view }));
+    }
+    byId("save-png").addEventListener("click", savePng);
+    const headView = document.querySelector(".headview");
+    headView.addEventListener("mouseover", onHeadViewOver);
+    headView.addEventListener("mouseleave", onHeadViewLeave);
+    byId("mv-grid").addEventListener("click", (e) => {
+      const cell = e.target.closest("canvas");
+      if (!cell) return;
+      select({ layer: Number(cell.dataset.layer), heads: [Number(cell.dataset.head)], view: "heatmap" });
+    });
+    const heat = byId("hm-canvas");
+    heat.addEventListener("mousemove", onHeatmapMove);
+    heat.addEventListener("mouseleave", hideTooltip);
+    document.addEventListener("keydown", (e) => {
+      if (!current || e.altKey || e.ctrlKey || e.metaKey) return;
+      const tag = e.target && e.target.tagName;
+      if (tag === "SELECT" || tag === "INPUT" || tag === "TEXTAREA") return;
+      const moves = { ArrowUp: () => moveLayer(-1), ArrowDown: () => moveLayer(1),
+        ArrowLeft: () => moveHead(-1), ArrowRight: () => moveHead(1) };
+      if (!moves[e.key]) return;
+      e.preventDefault();
+      moves[e.key]();
+    });
+    window.addEventListener("hashchange", () => {
+      const params = parseHash();
+      const doc = Number(params.doc);
+      if (Number.isInteger(doc) && doc !== state.doc && doc >= 0 && doc < DATA.docs.length) {
+        showDoc(doc, params).catch(showError);
+      } else if (current) {
+        applyHash(params);
+        matrixCache.clear();
+        render();
+      }
+    });
+    let resizeTimer = null;
+    window.addEventListener("resize", () => {
+      clearTimeout(resizeTimer);
+      resizeTimer = setTimeout(() => { if (current) render(); }, 150);
+    });
+  }
+
+  async function main() {
+    wire();
+    const params = parseHash();
+    const doc = Number(params.doc);
+    await showDoc(Number.isInteger(doc) ? doc : 0, params);
+    if (!stampedLoad) {
+      stampedLoad = true;
+      // Stamp the load time once the first view has been painted.
+      await new Promise((resolve) => requestAnimationFrame(() => setTimeout(resolve, 0)));
+      window.attnvizReport = { loadMs: performance.now(), state };
+      document.documentElement.dataset.ready = "1";
+    }
+  }
+
+  main().catch(showError);
+})();
