@@ -148,7 +148,7 @@ def _block_sums(block: np.ndarray, *, causal: bool, sep_mask: np.ndarray,
     per_row["next"] = following
     has_previous = eligible & (positions >= 1)[None, :]
     has_next = eligible & (positions <= T - 2)[None, :]
-    masks = {k: eligible for k in STAT_KEYS}
+    masks = dict.fromkeys(STAT_KEYS, eligible)
     masks["previous"] = has_previous
     masks["next"] = has_next
     sums = {k: np.where(masks[k], per_row[k], 0.0).sum(axis=-1) for k in STAT_KEYS}

@@ -45,6 +45,14 @@ def word_groups(capture: Capture) -> list[list[int]]:
     return groups
 
 
+def join_pieces(pieces: list[str]) -> str:
+    """Display text of a word from its pieces; a bare marker piece (a lone ``Ġ`` or ``▁``,
+    shown as ``␣``) adds nothing to a word that has other pieces."""
+    if len(pieces) == 1:
+        return pieces[0]
+    return "".join(p for p in pieces if p != "\u2423") or pieces[0]
+
+
 def merge_words(capture: Capture) -> Capture:
     """Merge subword tokens into words (Clark et al., 2019).
 
@@ -58,8 +66,7 @@ def merge_words(capture: Capture) -> Capture:
     weights = np.asarray(capture.weights, dtype=np.float32)  # [layer, head, query, key]
     summed_keys = np.stack([weights[..., g].sum(axis=-1) for g in groups], axis=-1)
     merged = np.stack([summed_keys[:, :, g, :].mean(axis=2) for g in groups], axis=2)
-    display = ["".join(capture.display_tokens[i] for i in g) if len(g) > 1
-               else capture.display_tokens[g[0]] for g in groups]
+    display = [join_pieces([capture.display_tokens[i] for i in g]) for g in groups]
     tokens = [display[k] if len(g) > 1 else capture.tokens[g[0]] for k, g in enumerate(groups)]
     return capture.with_weights(
         merged.astype(np.float32),
@@ -68,3 +75,41 @@ def merge_words(capture: Capture) -> Capture:
         special=[capture.special[g[0]] for g in groups],
         meta={**capture.meta, "words_merged": True},
     )
+
+
+def find_token(display_tokens: list[str], spec: str) -> int:
+    """Position of the token a user named with ``--token``.
+
+    ``spec`` is a token as shown (case-insensitive; its first occurrence), ``WORD:N`` for the
+    N-th occurrence (1-based), or a position such as ``0``, ``5`` or ``-1``. A token that reads
+    as a number is found with ``5:1``.
+
+    Raises:
+        UsageError: no such token, occurrence or position; the message lists the tokens.
+    """
+    from attnviz.errors import UsageError
+
+    shown = ", ".join(f"{i}:{t}" for i, t in enumerate(display_tokens[:60]))
+    if len(display_tokens) > 60:
+        shown += ", ..."
+    text = spec.strip()
+    word, occurrence = text, 1
+    head, sep, tail = text.rpartition(":")
+    if sep and head and tail.strip().isdigit():
+        word, occurrence = head, int(tail)
+    elif text.lstrip("-").isdigit():
+        index = int(text)
+        size = len(display_tokens)
+        if -size <= index < size:
+            return index % size
+        raise UsageError(f"token position {index} is out of range: the input has {size} tokens "
+                         f"(0..{size - 1} or -{size}..-1)", f"the tokens are: {shown}")
+    matches = [i for i, t in enumerate(display_tokens) if t.lower() == word.lower()]
+    if not matches:
+        raise UsageError(f"no token {word!r} in the input",
+                         f"the tokens are: {shown}. The tokenizer may split a word into pieces: "
+                         "name one piece, a position, or use --words")
+    if not 1 <= occurrence <= len(matches):
+        raise UsageError(f"token {word!r} occurs {len(matches)} time(s), not {occurrence}",
+                         f"use {word}:1 to {word}:{len(matches)}")
+    return matches[occurrence - 1]
