@@ -168,13 +168,12 @@ def head_stats(capture: Capture) -> list[dict[str, Any]] | None:
 
 def _word_units(capture: Capture) -> dict[str, Any] | None:
     """Word groups as :func:`attnviz.analysis.tokens.merge_words` forms them; None if 1:1."""
-    from attnviz.analysis.tokens import word_groups
+    from attnviz.analysis.tokens import join_pieces, word_groups
 
     groups = word_groups(capture)
     if len(groups) == capture.num_tokens:
         return None
-    labels = ["".join(capture.display_tokens[i] for i in group) if len(group) > 1
-              else capture.display_tokens[group[0]] for group in groups]
+    labels = [join_pieces([capture.display_tokens[i] for i in group]) for group in groups]
     return {"groups": groups, "labels": labels,
             "special": [bool(capture.special[group[0]]) for group in groups]}
 
