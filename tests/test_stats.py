@@ -413,7 +413,7 @@ def test_heads_loads_the_model_once_and_uses_the_cache(invoke, monkeypatch):
 
 
 def test_cli_choices_follow_the_library():
-    from attnviz.cli import analysis as cli
+    from attnviz.cli import heads as cli
 
     assert cli._STATS == stats.STAT_KEYS
     assert [m.value for m in cli.StatName] == [*stats.STAT_KEYS, "induction"]

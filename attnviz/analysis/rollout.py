@@ -17,6 +17,8 @@ tokens, which every later token can see: rollout favours early tokens there.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -100,3 +102,71 @@ def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0) -
             "capture all layers (drop --layers from dump), or raise --start-layer")
     positions = [capture.layers.index(layer) for layer in needed]
     return rollout_weights(np.asarray(capture.weights[positions], dtype=np.float64), head_fusion)
+
+
+@dataclass
+class RolloutResult:
+    """The rollout of one capture, with what a figure of it needs.
+
+    Attributes:
+        matrix: ``[query, key]`` float64 rolled-out attention; rows sum to 1.
+        tokens: label of each token (both axes).
+        index: the token whose row the bar chart shows.
+        span: the layers multiplied, e.g. ``"layers 0-5"`` or ``"layer 5"``.
+        title: heatmap title (model, span, head fusion and view notes).
+        bar_title: title of the bar chart of row ``index``.
+    """
+
+    matrix: np.ndarray
+    tokens: list[str]
+    index: int
+    span: str
+    title: str
+    bar_title: str
+
+    def summary(self, k: int = 5) -> str:
+        """One line with the ``k`` keys of row ``index`` that get the most, largest first."""
+        row = self.matrix[self.index]
+        order = np.argsort(-row, kind="stable")[:k]
+        top = ", ".join(f"{self.tokens[j]} {row[j]:.3f}" for j in order)
+        return (f"Rolled-out attention of {self.tokens[self.index]!r} (position {self.index}): "
+                f"{top}")
+
+
+def rollout_view(view: Capture, head_fusion: str = "mean", start_layer: int = 0,
+                 token: str | None = None) -> RolloutResult:
+    """Rollout of a capture (as shown: words merged or specials dropped) and its titles.
+
+    Args:
+        view: weights ``[layer, head, query, key]``; see :func:`rollout` for the layers needed.
+        head_fusion: ``mean``, ``max`` or ``min``.
+        start_layer: the model layer to start from (negative counts from the end).
+        token: the token whose row to single out: a token as shown (first occurrence),
+            ``WORD:N`` or a position (see :func:`~attnviz.analysis.tokens.find_token`).
+            Default: the last token of a causal model, else position 0 ([CLS]).
+
+    Raises:
+        UsageError: a layer is missing (see :func:`rollout`), or no such token.
+    """
+    from attnviz.analysis.tokens import find_token, view_notes
+    from attnviz.selection import resolve_index
+
+    matrix = rollout(view, head_fusion, start_layer)
+    tokens = view.display_tokens
+    index = find_token(tokens, token) if token is not None else (
+        view.num_tokens - 1 if view.causal else 0)
+    first = resolve_index(start_layer, view.num_layers, "layer")
+    span = f"layers {first}-{max(view.layers)}" if first < max(view.layers) else f"layer {first}"
+    notes = view_notes(view)
+    title = (f"{view.model}: attention rollout, {span}, heads fused by {head_fusion}"
+             + (f" ({', '.join(notes)})" if notes else ""))
+    bar_title = f"{view.model}: rollout of {tokens[index]!r} (position {index}), {span}"
+    return RolloutResult(matrix, tokens, index, span, title, bar_title)
+
+
+def save_matrix(path: Path, matrix: np.ndarray) -> Path:
+    """Write a matrix as a float32 ``.npy`` file, atomically."""
+    from attnviz.fileio import atomic_write
+
+    data = np.ascontiguousarray(matrix, dtype=np.float32)
+    return atomic_write(path, lambda handle: np.save(handle, data, allow_pickle=False))

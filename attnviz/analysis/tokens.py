@@ -113,3 +113,34 @@ def find_token(display_tokens: list[str], spec: str) -> int:
         raise UsageError(f"token {word!r} occurs {len(matches)} time(s), not {occurrence}",
                          f"use {word}:1 to {word}:{len(matches)}")
     return matches[occurrence - 1]
+
+
+_drop_special = exclude_special  # the parameter of token_view below shadows the name
+
+
+def token_view(capture: Capture, *, words: bool = False, exclude_special: bool = False
+               ) -> Capture:
+    """The capture at the level a command shows: words merged first, then specials dropped.
+
+    Args:
+        capture: weights ``[layer, head, query, key]``.
+        words: merge subword tokens into words (:func:`merge_words`).
+        exclude_special: drop special tokens and renormalise rows (:func:`exclude_special`).
+    """
+    if words:
+        capture = merge_words(capture)
+    if exclude_special:
+        capture = _drop_special(capture)
+    return capture
+
+
+def view_notes(capture: Capture) -> list[str]:
+    """Short notes on how a view differs from the raw capture, for titles."""
+    notes = []
+    if capture.meta.get("words_merged"):
+        notes.append("word level")
+    if capture.meta.get("special_excluded"):
+        notes.append("special tokens excluded, rows renormalised")
+    if capture.causal:
+        notes.append("causal")
+    return notes

@@ -27,3 +27,50 @@ def top_k(matrix: np.ndarray, k: int = 3) -> list[TopK]:
     order = np.argsort(-matrix, axis=1, kind="stable")[:, :k]
     return [TopK(query=i, keys=[int(j) for j in row],
                  weights=[float(matrix[i, j]) for j in row]) for i, row in enumerate(order)]
+
+
+TOPK_CSV_COLUMNS = ("layer", "head", "query_index", "query", "rank", "key_index", "key", "weight")
+
+
+def topk_rows(matrix: np.ndarray, tokens: list[str], k: int = 3) -> list[dict[str, object]]:
+    """Top-k rows of one ``[query, key]`` matrix with token labels.
+
+    Returns:
+        One dict per query: ``query_index``, ``query`` and ``top``, a list of ``key_index``,
+        ``key`` and ``weight`` (rounded to 6 decimals), strongest first.
+    """
+    return [{
+        "query_index": entry.query,
+        "query": tokens[entry.query],
+        "top": [{"key_index": j, "key": tokens[j], "weight": round(w, 6)}
+                for j, w in zip(entry.keys, entry.weights)],
+    } for entry in top_k(matrix, k)]
+
+
+def topk_csv(weights: np.ndarray, layers: list[int], heads: list[int], tokens: list[str],
+             k: int = 3) -> str:
+    """CSV text of the top-k keys of every query, for every layer and head.
+
+    Args:
+        weights: ``[layer, head, query, key]``.
+        layers: model layer index of each entry on axis 0; ``heads`` likewise for axis 1.
+        tokens: label of each token (query and key axes).
+        k: keys per query.
+
+    Returns:
+        CSV with the columns of :data:`TOPK_CSV_COLUMNS`, one row per (layer, head, query, rank).
+    """
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(TOPK_CSV_COLUMNS)
+    for li, layer in enumerate(layers):
+        for hi, head in enumerate(heads):
+            matrix = np.asarray(weights[li, hi], dtype=np.float32)
+            for entry in top_k(matrix, k):
+                for rank, (j, w) in enumerate(zip(entry.keys, entry.weights), start=1):
+                    writer.writerow([layer, head, entry.query, tokens[entry.query], rank, j,
+                                     tokens[j], f"{w:.6f}"])
+    return buffer.getvalue()

@@ -46,7 +46,7 @@ def _root(
 def _register() -> None:
     from attnviz.cli import core  # noqa: F401  (registers heatmap, top-k, dump)
 
-    for optional in ("export", "analysis", "html", "cache"):
+    for optional in ("export", "heads", "rollout", "compare", "explain", "html", "cache"):
         try:
             __import__(f"attnviz.cli.{optional}")
         except ModuleNotFoundError as exc:

@@ -1,0 +1,97 @@
+"""Pieces the analysis commands (``heads``, ``rollout``, ``compare``, ``explain``) share.
+
+Only typer, rich and the standard library are imported here, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from attnviz.cli._common import TOY_PANEL, CaptureRequest, stdout, warn
+from attnviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnviz.capture import Capture
+    from attnviz.models import AttentionSource
+
+# Toy options of the commands that do not take the shared capture options.
+ToyHeadsOpt = Annotated[int, typer.Option("--toy-heads", min=1, rich_help_panel=TOY_PANEL,
+                                          help="Attention heads per block.")]
+ToyLayersOpt = Annotated[int, typer.Option("--toy-layers", min=1, rich_help_panel=TOY_PANEL,
+                                           help="Stacked attention blocks.")]
+DModelOpt = Annotated[int, typer.Option("--d-model", min=1, rich_help_panel=TOY_PANEL,
+                                        help="Embedding width (a multiple of --toy-heads).")]
+SeedOpt = Annotated[int, typer.Option("--seed", rich_help_panel=TOY_PANEL,
+                                      help="Seed for weights and word embeddings.")]
+NoScaleOpt = Annotated[bool, typer.Option(
+    "--no-scale", rich_help_panel=TOY_PANEL,
+    help="Drop the 1/sqrt(d_k) scaling to show how the softmax saturates.")]
+CausalOpt = Annotated[bool, typer.Option(
+    "--causal", rich_help_panel=TOY_PANEL,
+    help="Mask future tokens (-inf before the softmax), as in a decoder.")]
+
+
+def check_image_path(path: Path | None, option: str) -> None:
+    """Refuse an image path whose suffix is not .png, .svg or .pdf."""
+    if path is not None and path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise UsageError(f"cannot tell the image format of {option} {path}",
+                         "end the file name in .png, .svg or .pdf")
+
+
+def print_wide(table: Any) -> None:
+    """Print a table at its natural width (wider than the console rather than truncated)."""
+    from rich.measure import Measurement
+
+    needed = Measurement.get(stdout, stdout.options.update(max_width=4000), table).maximum
+    width = stdout.width
+    if needed <= width:
+        stdout.print(table)
+        return
+    stdout.width = needed
+    try:
+        stdout.print(table)
+    finally:
+        stdout.width = width
+
+
+class LazyModel:
+    """Loads the requested model on first use only (a cache hit never needs it)."""
+
+    def __init__(self, request: CaptureRequest) -> None:
+        self.request = request
+        self.source: AttentionSource | None = None
+
+    def __call__(self) -> AttentionSource:
+        if self.source is None:
+            from attnviz.cli._common import load_model
+
+            self.source = load_model(self.request)
+        return self.source
+
+
+def capture_text(model: LazyModel, text: str, pair: str | None, layers: str | None,
+                 heads: str | None) -> Capture:
+    """One text's capture, from the capture cache when allowed, else from the model."""
+    from attnviz.cli._common import check_text, model_spec
+
+    request = model.request
+    check_text(text)
+    if pair is not None:
+        check_text(pair, "the pair text")
+    if request.no_cache:
+        from attnviz.selection import parse_selection
+
+        source = model()
+        return source.capture(
+            text, pair,
+            layers=parse_selection(layers, source.num_layers, "layer") if layers else None,
+            heads=parse_selection(heads, source.num_heads, "head") if heads else None,
+            max_tokens=request.max_tokens, truncate=request.truncate)
+    from attnviz.cache import capture_with_cache
+
+    return capture_with_cache(model_spec(request), text, pair, load=model, layers=layers,
+                              heads=heads, max_tokens=request.max_tokens,
+                              truncate=request.truncate, warn=warn)

@@ -1,0 +1,263 @@
+"""``compare``: two attention maps side by side, and their difference when the tokens line up.
+
+The command checks its options, gets the two captures, calls
+:func:`attnviz.analysis.compare.compare_captures` and draws and prints the result. numpy,
+matplotlib and the models are imported inside the command, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, cast
+
+import typer
+from rich.markup import escape
+
+from attnviz.cli import app
+from attnviz.cli._analysis_common import (
+    CausalOpt,
+    DModelOpt,
+    LazyModel,
+    NoScaleOpt,
+    SeedOpt,
+    ToyHeadsOpt,
+    ToyLayersOpt,
+    capture_text,
+    check_image_path,
+    print_wide,
+)
+from attnviz.cli._common import (
+    INPUT_PANEL,
+    MODEL_PANEL,
+    OUTPUT_PANEL,
+    TOY_PANEL,
+    VIEW_PANEL,
+    CaptureRequest,
+    CmapOpt,
+    DpiOpt,
+    ExcludeSpecialOpt,
+    WordsOpt,
+    handle_errors,
+    stderr,
+    stdout,
+    warn,
+)
+from attnviz.cli.core import TableFormat, _parse_head
+from attnviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnviz.capture import Capture
+
+
+COMPARE_HELP = "\n\n".join([
+    "Compare attention side by side: one text in two models, two texts in one model, or the "
+    "toy model without and with its causal mask.",
+    "When both sides have the same tokens, a third panel shows B - A on a diverging colour map "
+    "centred at 0 (red: B attends more, blue: less) and the largest changes are listed.",
+    "Examples:",
+    "  attnviz compare \"The bank of the river\" \"The bank approved the loan\" -l 2",
+    "  attnviz compare \"The cat sat\" --model-a minilm --model-b ./my-bert",
+    "  attnviz compare \"The cat sat on the mat\" --model toy --vs-causal --head 0",
+    "  attnviz compare --from a/ --from b/ --layer 0 --head 3 --format json",
+])
+
+
+def _side_request(base: dict[str, Any], text: str, model: str | None, causal: bool
+                  ) -> CaptureRequest:
+    return CaptureRequest(text=text, from_path=None, pair=None, model=model, causal=causal,
+                          no_cache=False, **base)
+
+
+def _compare_captures(texts: tuple[str, str], models: tuple[str | None, str | None],
+                      causal: tuple[bool, bool], base: dict[str, Any]) -> tuple[Capture, Capture]:
+    from attnviz.cli._common import read_text
+
+    loaders: dict[tuple[str, bool], LazyModel] = {}
+    captures = []
+    for text, model, is_causal in zip(texts, models, causal):
+        request = _side_request(base, text, model, is_causal)
+        key = (request.model_name, is_causal)
+        loader = loaders.setdefault(key, LazyModel(request))  # one load per distinct model
+        capture = capture_text(loader, read_text(text), None, None, None)
+        for message in capture.meta.get("warnings", []):
+            warn(escape(message))
+        captures.append(capture)
+    return captures[0], captures[1]
+
+
+def _excerpt(text: str, size: int = 32) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= size else flat[: size - 1] + "\u2026"
+
+
+@app.command("compare", help=COMPARE_HELP)
+@handle_errors
+def compare_command(
+    text_a: Annotated[str | None, typer.Argument(
+        metavar="TEXT_A", show_default=False,
+        help="The text (side A); '-' reads standard input. Omit it with --from twice.")] = None,
+    text_b: Annotated[str | None, typer.Argument(
+        metavar="TEXT_B", show_default=False,
+        help="A second text for side B (default: TEXT_A again).")] = None,
+    from_paths: Annotated[list[Path] | None, typer.Option(
+        "--from", rich_help_panel=INPUT_PANEL, metavar="PATH",
+        help="A saved capture; give it twice (A then B) instead of texts.")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", rich_help_panel=MODEL_PANEL, show_default=False,
+        help="Model of both sides (default: minilm or $ATTNVIZ_MODEL).")] = None,
+    model_a: Annotated[str | None, typer.Option(
+        "--model-a", rich_help_panel=MODEL_PANEL, show_default=False,
+        help="Model of side A (overrides --model).")] = None,
+    model_b: Annotated[str | None, typer.Option(
+        "--model-b", rich_help_panel=MODEL_PANEL, show_default=False,
+        help="Model of side B (overrides --model).")] = None,
+    vs_causal: Annotated[bool, typer.Option(
+        "--vs-causal", rich_help_panel=TOY_PANEL,
+        help="Toy model without (A) and with (B) the causal mask, same weights.")] = False,
+    layer: Annotated[int, typer.Option(
+        "--layer", "-l", rich_help_panel=VIEW_PANEL,
+        help="Layer, 0-based; negative counts from the end (each model's own).")] = -1,
+    head: Annotated[str, typer.Option(
+        "--head", rich_help_panel=VIEW_PANEL,
+        help="Head index, or 'mean' of the layer's heads.")] = "mean",
+    top: Annotated[int, typer.Option(
+        "--top", "-k", min=0, rich_help_panel=OUTPUT_PANEL,
+        help="How many of the largest changes to list.")] = 10,
+    fmt: Annotated[TableFormat, typer.Option(
+        "--format", "-f", rich_help_panel=OUTPUT_PANEL,
+        help="How to print the largest changes (json also describes both sides).")
+    ] = TableFormat.table,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", rich_help_panel=OUTPUT_PANEL,
+        help="Image file (.png, .svg or .pdf). Default: a name derived from the texts.")
+    ] = None,
+    cmap: CmapOpt = "viridis",
+    annot: Annotated[bool | None, typer.Option(
+        "--annot/--no-annot", rich_help_panel=OUTPUT_PANEL, show_default=False,
+        help="Write the values in the cells (default: at most 16 tokens).")] = None,
+    exclude_special: ExcludeSpecialOpt = False,
+    words: WordsOpt = False,
+    dpi: DpiOpt = 100,
+    revision: Annotated[str | None, typer.Option(
+        "--revision", rich_help_panel=MODEL_PANEL, help="Hub branch, tag or commit.")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(
+        "--trust-remote-code", rich_help_panel=MODEL_PANEL,
+        help="Allow the models' own Python code to run (only for models you trust).")] = False,
+    device: Annotated[str, typer.Option(
+        "--device", rich_help_panel=MODEL_PANEL,
+        help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
+    dtype: Annotated[str, typer.Option(
+        "--dtype", rich_help_panel=MODEL_PANEL,
+        help="float32, float16 or bfloat16 for the models.")] = "float32",
+    max_tokens: Annotated[int | None, typer.Option(
+        "--max-tokens", min=1, rich_help_panel=MODEL_PANEL,
+        help="Limit each input to this many tokens.")] = None,
+    truncate: Annotated[bool, typer.Option(
+        "--truncate/--no-truncate", rich_help_panel=MODEL_PANEL,
+        help="Past the token limit: keep the first tokens, or stop with an error.")] = True,
+    toy_heads: ToyHeadsOpt = 2,
+    toy_layers: ToyLayersOpt = 1,
+    d_model: DModelOpt = 16,
+    causal: CausalOpt = False,
+    seed: SeedOpt = 0,
+    no_scale: NoScaleOpt = False,
+) -> None:
+    """Compare two attention maps side by side, with their difference when tokens line up."""
+    from attnviz.analysis.compare import compare_captures, format_changes
+
+    head_choice = cast("int | str", _parse_head(head))  # not None: --head has a default
+    check_image_path(out, "--out")
+    from attnviz.render import analysis as figures
+    from attnviz.render.heatmap import check_cmap, save_figure
+
+    check_cmap(cmap)
+    paths = list(from_paths or [])
+    if paths:
+        if len(paths) != 2:
+            raise UsageError(f"--from was given {len(paths)} time(s); compare needs it twice",
+                             "example: attnviz compare --from a/ --from b/")
+        if text_a is not None or text_b is not None:
+            raise UsageError("give two --from captures or texts, not both")
+        if model or model_a or model_b or vs_causal:
+            raise UsageError("--model, --model-a, --model-b and --vs-causal cannot be used with "
+                             "--from: the captures already say which model made them")
+        from attnviz.capture import load_capture
+
+        cap_a, cap_b = load_capture(paths[0]), load_capture(paths[1])
+        label_a, label_b = f"A: {cap_a.model} ({paths[0]})", f"B: {cap_b.model} ({paths[1]})"
+    else:
+        if text_a is None:
+            raise UsageError("give a TEXT_A to compare (and TEXT_B, --model-a/--model-b or "
+                             "--vs-causal), or --from twice",
+                             "example: attnviz compare \"The bank of the river\" "
+                             "\"The bank approved the loan\"")
+        base = {"revision": revision, "trust_remote_code": trust_remote_code, "device": device,
+                "dtype": dtype, "toy_heads": toy_heads, "toy_layers": toy_layers,
+                "d_model": d_model, "seed": seed, "no_scale": no_scale,
+                "max_tokens": max_tokens, "truncate": truncate}
+        if vs_causal:
+            if model_a or model_b or (model is not None and model != "toy"):
+                raise UsageError("--vs-causal compares the toy model without and with its "
+                                 "causal mask", "drop --model-a/--model-b, or use --model toy")
+            if causal:
+                raise UsageError("--vs-causal already makes side B causal; drop --causal")
+            models: tuple[str | None, str | None] = ("toy", "toy")
+            masks = (False, True)
+        else:
+            models = (model_a or model, model_b or model)
+            masks = (causal, causal)
+        second = text_b if text_b is not None else text_a
+        same_model = (_side_request(base, text_a, models[0], masks[0]).model_name
+                      == _side_request(base, second, models[1], masks[1]).model_name)
+        if text_b is None and same_model and masks[0] == masks[1]:
+            raise UsageError("nothing to compare: both sides are the same text in the same model",
+                             "give a TEXT_B, --model-a and --model-b, or --model toy "
+                             "--vs-causal")
+        cap_a, cap_b = _compare_captures((text_a, second), models, masks, base)
+        mask_a = " (bidirectional)" if vs_causal else ""
+        mask_b = " (causal)" if vs_causal else ""
+        label_a = f"A: {cap_a.model}{mask_a}: {_excerpt(cap_a.text)}"
+        label_b = f"B: {cap_b.model}{mask_b}: {_excerpt(cap_b.text)}"
+    comparison = compare_captures(cap_a, cap_b, layer, head_choice, top=top, words=words,
+                                  exclude_special=exclude_special)
+    side_a, side_b, where = comparison.a, comparison.b, comparison.where
+    fig = figures.draw_comparison(side_a.matrix, side_b.matrix, side_a.tokens, side_b.tokens,
+                                  titles=(label_a, label_b), title=comparison.title,
+                                  diff=comparison.diff, cmap=cmap, annot=annot)
+    if out is None:
+        from attnviz.fileio import short_hash, slugify
+
+        digest = short_hash(cap_a.text, cap_b.text, cap_a.model, cap_b.model,
+                            str(cap_a.causal), str(cap_b.causal), length=6)
+        out = Path(f"compare_{slugify(cap_a.text, 24)}_{digest}.png")
+    path = save_figure(fig, out, dpi=dpi)
+    if fmt is TableFormat.json:
+        typer.echo(json.dumps(comparison.to_dict(str(path), label_a, label_b),
+                              ensure_ascii=False, indent=1))
+        if not comparison.aligned:
+            warn(escape(comparison.mismatch))
+        return
+    # The image path goes with the table; with csv or markdown the table owns standard output.
+    (stdout if fmt is TableFormat.table else stderr).print(str(path), markup=False)
+    if not comparison.aligned:
+        warn(escape(comparison.mismatch))
+        return
+    if top == 0:
+        return
+    if fmt is TableFormat.table:
+        from rich.table import Table
+
+        table = Table(title=f"Largest changes, B - A ({escape(where)})", show_edge=False)
+        for name, justify in (("query", "left"), ("key", "left"), ("A", "right"),
+                              ("B", "right"), ("B - A", "right")):
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for change in comparison.changes:
+            delta = float(change["delta"])  # type: ignore[arg-type]
+            colour = "red" if delta > 0 else "blue"
+            table.add_row(escape(f"{change['query_index']}:{change['query']}"),
+                          escape(f"{change['key_index']}:{change['key']}"), f"{change['a']:.3f}",
+                          f"{change['b']:.3f}", f"[{colour}]{delta:+.3f}[/{colour}]")
+        print_wide(table)
+        return
+    typer.echo(format_changes(comparison.changes, fmt.value, where), nl=False)

@@ -1,0 +1,276 @@
+"""``heads``: what every head does, in numbers, for a text, a capture or a corpus.
+
+The command checks its options, calls :mod:`attnviz.analysis.corpus` and
+:mod:`attnviz.analysis.heads` and prints. numpy, matplotlib and the models are imported inside
+the command, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from attnviz.cli import app
+from attnviz.cli._analysis_common import LazyModel, capture_text, check_image_path, print_wide
+from attnviz.cli._common import (
+    INPUT_PANEL,
+    OUTPUT_PANEL,
+    VIEW_PANEL,
+    CaptureRequest,
+    CmapOpt,
+    DpiOpt,
+    ExcludeSpecialOpt,
+    HeadsOpt,
+    LayersOpt,
+    WordsOpt,
+    capture_options,
+    handle_errors,
+    obtain_capture,
+    stderr,
+    stdout,
+    view_of,
+    warn,
+)
+from attnviz.cli.core import TableFormat
+from attnviz.errors import UsageError
+
+# Kept in step with attnviz.analysis.stats (not imported here: --help must stay light).
+_STATS = ("entropy", "entropy_nats", "distance", "max_weight", "self", "previous", "next",
+          "first", "sep", "punct", "local")
+_SHORT = {"entropy": "ent", "entropy_nats": "nats", "distance": "dist", "max_weight": "max",
+          "self": "self", "previous": "prev", "next": "next", "first": "first", "sep": "sep",
+          "punct": "punct", "local": "local", "induction": "induct"}
+
+
+class StatName(str, Enum):
+    entropy = "entropy"
+    entropy_nats = "entropy_nats"
+    distance = "distance"
+    max_weight = "max_weight"
+    self = "self"
+    previous = "previous"
+    next = "next"
+    first = "first"
+    sep = "sep"
+    punct = "punct"
+    local = "local"
+    induction = "induction"
+
+
+class SortKey(str, Enum):
+    layer = "layer"
+    label = "label"
+    entropy = "entropy"
+    entropy_nats = "entropy_nats"
+    distance = "distance"
+    max_weight = "max_weight"
+    self = "self"
+    previous = "previous"
+    next = "next"
+    first = "first"
+    sep = "sep"
+    punct = "punct"
+    local = "local"
+    induction = "induction"
+
+
+HEADS_HELP = "\n\n".join([
+    "Say in numbers what every head does: entropy, distance, where its attention goes.",
+    "For each layer and head, averaged over the query rows (and over every text of --input, "
+    "weighted by tokens):",
+    "\n".join([
+        "- entropy: -sum a ln a of a row divided by ln(number of keys the row can see): "
+        "0 one-hot, 1 uniform.",
+        "- entropy_nats: the same in nats, not normalised (0 ln 0 = 0, no smoothing).",
+        "- distance: mean |query - key| weighted by attention, in tokens.",
+        "- max_weight: the largest weight of a row.",
+        "- self, previous, next, first: the weight on the token itself, the one before, the "
+        "one after, and position 0 ([CLS], <s>, or the first word).",
+        "- sep: the weight on special tokens after position 0 ([SEP], </s>).",
+        "- punct: the weight on punctuation tokens.",
+        "- local: the weight within 2 positions of the query.",
+        "- induction (causal models, live): mean weight on the induction target in a repeated "
+        "random-token sequence (second occurrence of a token -> the token after its first "
+        "occurrence).",
+    ]),
+    "Rows with a single visible key (row 0 of a causal model) or no weight (after "
+    "--exclude-special) are skipped; previous and next count only rows that have that "
+    "neighbour.",
+    "Labels, first rule that applies: induction (score >= 0.3); self, previous-token, "
+    "next-token, first-token/[CLS], [SEP], punctuation (that share >= 0.5, the largest wins); "
+    "broad (entropy >= 0.9); local (local >= 0.7); otherwise mixed. A per-layer table follows: "
+    "its sep column shows, e.g., the [SEP]-heavy middle layers of BERT-base (Clark et al., "
+    "2019).",
+    "Examples:",
+    "  attnviz heads \"The cat sat on the mat.\"",
+    "  attnviz heads --input sentences.txt --sort sep --format csv -o heads.csv",
+    "  attnviz heads \"The cat sat on the mat.\" --plot heads.png --stat entropy",
+    "  attnviz heads \"A B C D\" --model toy --causal --toy-layers 2",
+])
+
+
+def _write_or_print(text: str, out: Path | None) -> None:
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    from attnviz.fileio import atomic_write_text
+
+    atomic_write_text(out, text)
+    stdout.print(str(out), markup=False)
+
+
+def _print_head_tables(rows: list[dict[str, Any]], layer_rows: list[dict[str, Any]],
+                       title: str) -> None:
+    from rich import box
+    from rich.table import Table
+
+    keys = [k for k in (*_STATS, "induction") if rows and k in rows[0]]
+    table = Table(title=escape(title), box=box.SIMPLE_HEAD, pad_edge=False,
+                  title_justify="left")
+    table.add_column("L", justify="right", no_wrap=True)
+    table.add_column("H", justify="right", no_wrap=True)
+    table.add_column("label", style="bold", no_wrap=True)
+    for key in keys:
+        table.add_column(_SHORT[key], justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(str(row["layer"]), str(row["head"]), escape(str(row["label"])),
+                      *[f"{row[k]:.2f}" for k in keys])
+    print_wide(table)
+    summary = Table(title="Per layer (mean over heads)", box=box.SIMPLE_HEAD, pad_edge=False,
+                    title_justify="left")
+    summary.add_column("L", justify="right", no_wrap=True)
+    for key in keys:
+        summary.add_column(_SHORT[key], justify="right", no_wrap=True)
+    summary.add_column("labels", no_wrap=True)
+    for entry in layer_rows:
+        counts = escape(", ".join(f"{n} {label}" for label, n in entry["labels"].items()))
+        summary.add_row(str(entry["layer"]), *[f"{entry[k]:.2f}" for k in keys], counts)
+    print_wide(summary)
+
+
+@app.command("heads", help=HEADS_HELP)
+@handle_errors
+@capture_options
+def heads_command(
+    request: CaptureRequest,
+    input_file: Annotated[Path | None, typer.Option(
+        "--input", "-i", rich_help_panel=INPUT_PANEL, metavar="FILE",
+        help="A corpus: one text per line, or JSONL with \"text\" (and \"pair\"); '-' reads "
+             "standard input. Statistics are averaged over all texts, weighted by tokens.")
+    ] = None,
+    layers: LayersOpt = None,
+    heads: HeadsOpt = None,
+    sort: Annotated[SortKey, typer.Option(
+        "--sort", rich_help_panel=OUTPUT_PANEL,
+        help="Order rows by layer/head, by label, or by a statistic (largest first).")
+    ] = SortKey.layer,
+    ascending: Annotated[bool, typer.Option(
+        "--ascending", rich_help_panel=OUTPUT_PANEL,
+        help="With --sort STAT: smallest first.")] = False,
+    fmt: Annotated[TableFormat, typer.Option(
+        "--format", "-f", rich_help_panel=OUTPUT_PANEL, help="Output format.")
+    ] = TableFormat.table,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", rich_help_panel=OUTPUT_PANEL,
+        help="Write the table to this file instead of standard output (with --format "
+             "table: as Markdown).")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", rich_help_panel=OUTPUT_PANEL, metavar="PATH",
+        help="Also draw a layers x heads heatmap of --stat with the labels in the cells "
+             "(.png, .svg or .pdf).")] = None,
+    stat: Annotated[StatName, typer.Option(
+        "--stat", rich_help_panel=OUTPUT_PANEL, help="The statistic --plot shows.")
+    ] = StatName.entropy,
+    cmap: CmapOpt = "viridis",
+    dpi: DpiOpt = 100,
+    induction: Annotated[bool | None, typer.Option(
+        "--induction/--no-induction", rich_help_panel=VIEW_PANEL, show_default=False,
+        help="Run the repeated random-token induction test (default: for causal models run "
+             "live, not with --from).")] = None,
+    exclude_special: ExcludeSpecialOpt = False,
+    words: WordsOpt = False,
+) -> None:
+    """Head statistics and pattern labels of a text, a capture or a corpus."""
+    from attnviz.analysis.heads import head_report, measure_induction
+    from attnviz.cli._common import read_text
+
+    sort_key = sort.value
+    stat_key = stat.value
+    check_image_path(plot, "--plot")
+    if plot is not None:
+        from attnviz.render.heatmap import check_cmap
+
+        check_cmap(cmap)
+    model: LazyModel | None = None
+    if input_file is not None:
+        if request.text is not None or request.from_path is not None:
+            raise UsageError("give --input FILE, TEXT or --from PATH, not several")
+        if request.pair is not None:
+            raise UsageError("--pair cannot be used with --input",
+                             "give pairs in a JSONL file: {\"text\": \"...\", \"pair\": \"...\"}")
+        from attnviz.analysis.corpus import read_corpus
+
+        texts, skipped = read_corpus(input_file)
+        if skipped:
+            warn(f"skipped {skipped} blank line(s) or empty text(s) in {escape(str(input_file))}")
+    elif request.from_path is not None:
+        texts = []
+    else:
+        from attnviz.cli._common import validate_request
+
+        validate_request(request)
+        texts = [(read_text(request.text or ""), request.pair)]
+    if texts:
+        from rich.progress import Progress
+
+        from attnviz.analysis.corpus import corpus_stats
+
+        live = LazyModel(request)
+        model = live
+        with Progress(console=stderr, transient=True,
+                      disable=len(texts) < 2 or not stderr.is_terminal) as progress:
+            task = progress.add_task("Capturing", total=len(texts))
+            corpus = corpus_stats(
+                texts, lambda text, pair: capture_text(live, text, pair, layers, heads),
+                words=words, exclude_special=exclude_special,
+                warn=lambda message: warn(escape(message)),
+                advance=lambda: progress.advance(task))
+        if corpus.failed:
+            warn(f"{corpus.failed} text(s) could not be used and were skipped")
+        sums, view = corpus.sums, corpus.view
+    else:
+        from attnviz.analysis.stats import stat_sums
+
+        capture = obtain_capture(request, layers=layers, heads=heads)
+        view = view_of(capture, exclude_special=exclude_special, words=words)
+        sums = stat_sums(view)
+    scores, induction_info = measure_induction(model, view, induction)
+    if sort_key == "induction" and scores is None:
+        raise UsageError("--sort induction needs the induction test",
+                         "run on a live causal model, or add --induction")
+    if stat_key == "induction" and scores is None and plot is not None:
+        raise UsageError("--stat induction needs the induction test",
+                         "run on a live causal model, or add --induction")
+    report = head_report(sums, view, scores, induction_info=induction_info, sort=sort_key,
+                         ascending=ascending, words=words, exclude_special=exclude_special)
+    if fmt is TableFormat.table and out is None:
+        _print_head_tables(report.rows, report.layer_rows, report.title)
+    else:
+        _write_or_print(report.format("markdown" if fmt is TableFormat.table else fmt.value),
+                        out)
+    if plot is not None:
+        from attnviz.render import analysis as figures
+        from attnviz.render.heatmap import save_figure
+
+        values, labels = report.grid(stat_key)
+        fig = figures.draw_stat_grid(values, labels, report.layers, report.heads, stat=stat_key,
+                                     title=f"{report.title}: {stat_key}", cmap=cmap)
+        path = save_figure(fig, plot, dpi=dpi)
+        if fmt is TableFormat.table or out is not None:
+            stdout.print(str(path), markup=False)
+        else:
+            stderr.print(str(path), markup=False)
