@@ -110,7 +110,7 @@ class Capture:
         if absolute not in self.layers:
             raise UsageError(
                 f"layer {layer} is not in this capture: it holds layers "
-                f"{_format_indices(self.layers)}",
+                f"{format_indices(self.layers)}",
                 "capture again with that layer selected, or pick one of those",
             )
         return self.layers.index(absolute)
@@ -123,7 +123,7 @@ class Capture:
         if absolute not in self.heads:
             raise UsageError(
                 f"head {head} is not in this capture: it holds heads "
-                f"{_format_indices(self.heads)}",
+                f"{format_indices(self.heads)}",
                 "capture again with that head selected, or pick one of those",
             )
         return self.heads.index(absolute)
@@ -206,13 +206,15 @@ class Capture:
         sidecar = self.sidecar()
         sidecar["dtype"] = str(data.dtype)
         sidecar["weights_file"] = npy_path.name
-        # Weights first, sidecar last: a folder with a sidecar is a complete capture.
+        # Old sidecar out, weights in, new sidecar last: a sidecar always describes the weights
+        # beside it, so an interrupted save never pairs new weights with old metadata.
+        json_path.unlink(missing_ok=True)
         atomic_write(npy_path, lambda handle: np.save(handle, data, allow_pickle=False))
         atomic_write_text(json_path, json.dumps(sidecar, ensure_ascii=False, indent=1))
         return npy_path
 
 
-def _format_indices(indices: Sequence[int]) -> str:
+def format_indices(indices: Sequence[int]) -> str:
     return ", ".join(str(i) for i in indices) if len(indices) <= 12 else (
         f"{indices[0]}..{indices[-1]} ({len(indices)} in all)")
 
@@ -228,6 +230,8 @@ def _paths_for_save(path: Path) -> tuple[Path, Path]:
 def _paths_for_load(path: Path) -> tuple[Path, Path]:
     if path.is_dir():
         return path / NPY_NAME, path / JSON_NAME
+    if path.name in (NPY_NAME, JSON_NAME) and (path.parent / JSON_NAME).is_file():
+        return path.parent / NPY_NAME, path.parent / JSON_NAME  # a file inside a capture folder
     if path.suffix in (".npy", ".json"):
         return path.with_suffix(".npy"), path.with_suffix(".json")
     raise DumpError(
@@ -310,7 +314,8 @@ def _capture_from(meta: dict[str, Any], weights: np.ndarray, check_all: bool = T
     # A memory-mapped capture may be larger than RAM: check its first query rows only.
     probe = weights if check_all else weights[:, :, :1, :]
     if probe.size and not math.isfinite(float(np.sum(probe, dtype=np.float64))):
-        raise ValueError("weights contain NaN or infinite values")
+        raise DumpError("the weights contain NaN or infinite values",
+                        "the capture is corrupt: create it again with attnviz dump")
     return Capture(
         tokens=tokens, word_ids=word_ids, special=special, weights=weights,
         layers=layers, heads=heads, num_layers=num_layers, num_heads=num_heads,

@@ -255,3 +255,43 @@ def test_console_script_and_module(tmp_path):
     assert bad.returncode == 2
     assert "layer 99 is out of range: this model has 3 layers (0..2 or -3..-1)" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_topk_causal_never_lists_future_keys(invoke, tiny_gpt2_dir):
+    result = invoke("top-k", "The cat sat on the mat", "--model", tiny_gpt2_dir, "-l", "0",
+                    "--head", "0", "-k", "3", "-f", "json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["rows"]
+    for row in rows:
+        assert all(t["key_index"] <= row["query_index"] for t in row["top"])
+        assert len(row["top"]) == min(3, row["query_index"] + 1)
+
+
+def test_partial_capture_titles_and_file_inside_folder(invoke, tmp_path):
+    invoke("dump", "a b c", "--model", "toy", "--toy-heads", "4", "--d-model", "8",
+           "--heads", "1,3", "-o", tmp_path / "cap")
+    from attnviz.cli.core import _head_title  # noqa: F401  (titles are built in core)
+
+    loaded = load_capture(tmp_path / "cap" / "attention.npy")  # a file inside the folder
+    assert loaded.heads == [1, 3]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    titles: list[str] = []
+    real = Figure.suptitle
+
+    def spy(self, text, *args, **kwargs):
+        titles.append(text)
+        return real(self, text, *args, **kwargs)
+
+    Figure.suptitle = spy  # type: ignore[method-assign]
+    try:
+        assert invoke("heatmap", "--from", tmp_path / "cap", "--layer", "0", "-o",
+                      tmp_path / "g.png").exit_code == 0
+        assert invoke("heatmap", "--from", tmp_path / "cap", "-o", tmp_path / "o.png"
+                      ).exit_code == 0
+    finally:
+        Figure.suptitle = real  # type: ignore[method-assign]
+    assert titles == ["toy: layer 0, heads 1, 3", "toy: layers 0, heads 1, 3"]

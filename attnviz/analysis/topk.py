@@ -16,23 +16,27 @@ class TopK:
     weights: list[float]  # their weights
 
 
-def top_k(matrix: np.ndarray, k: int = 3) -> list[TopK]:
+def top_k(matrix: np.ndarray, k: int = 3, *, causal: bool = False) -> list[TopK]:
     """For each row of a ``[query, key]`` matrix, the ``k`` largest keys, strongest first.
 
     Ties are broken by the lower key position (a stable sort), so results are deterministic.
+    With ``causal``, keys after the query (masked, weight exactly 0) are never listed, so
+    early queries get fewer than ``k`` keys.
     """
     if k < 1:
         raise ValueError("k must be at least 1")
     k = min(k, matrix.shape[1])
     order = np.argsort(-matrix, axis=1, kind="stable")[:, :k]
-    return [TopK(query=i, keys=[int(j) for j in row],
-                 weights=[float(matrix[i, j]) for j in row]) for i, row in enumerate(order)]
+    return [TopK(query=i, keys=[int(j) for j in row if not (causal and j > i)],
+                 weights=[float(matrix[i, j]) for j in row if not (causal and j > i)])
+            for i, row in enumerate(order)]
 
 
 TOPK_CSV_COLUMNS = ("layer", "head", "query_index", "query", "rank", "key_index", "key", "weight")
 
 
-def topk_rows(matrix: np.ndarray, tokens: list[str], k: int = 3) -> list[dict[str, object]]:
+def topk_rows(matrix: np.ndarray, tokens: list[str], k: int = 3, *,
+              causal: bool = False) -> list[dict[str, object]]:
     """Top-k rows of one ``[query, key]`` matrix with token labels.
 
     Returns:
@@ -44,11 +48,11 @@ def topk_rows(matrix: np.ndarray, tokens: list[str], k: int = 3) -> list[dict[st
         "query": tokens[entry.query],
         "top": [{"key_index": j, "key": tokens[j], "weight": round(w, 6)}
                 for j, w in zip(entry.keys, entry.weights)],
-    } for entry in top_k(matrix, k)]
+    } for entry in top_k(matrix, k, causal=causal)]
 
 
 def topk_csv(weights: np.ndarray, layers: list[int], heads: list[int], tokens: list[str],
-             k: int = 3) -> str:
+             k: int = 3, *, causal: bool = False) -> str:
     """CSV text of the top-k keys of every query, for every layer and head.
 
     Args:
@@ -69,7 +73,7 @@ def topk_csv(weights: np.ndarray, layers: list[int], heads: list[int], tokens: l
     for li, layer in enumerate(layers):
         for hi, head in enumerate(heads):
             matrix = np.asarray(weights[li, hi], dtype=np.float32)
-            for entry in top_k(matrix, k):
+            for entry in top_k(matrix, k, causal=causal):
                 for rank, (j, w) in enumerate(zip(entry.keys, entry.weights), start=1):
                     writer.writerow([layer, head, entry.query, tokens[entry.query], rank, j,
                                      tokens[j], f"{w:.6f}"])

@@ -108,6 +108,7 @@ class CaptureRequest:
     max_tokens: int | None
     truncate: bool
     no_cache: bool
+    device_map: str | None = None
 
     @property
     def model_name(self) -> str:
@@ -145,6 +146,10 @@ _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
         "--dtype", rich_help_panel=MODEL_PANEL,
         help="float32, float16 or bfloat16 for the model; weights are returned as float32.")],
      "float32"),
+    ("device_map", Annotated[str | None, typer.Option(
+        "--device-map", rich_help_panel=MODEL_PANEL, metavar="MAP",
+        help="'auto' spreads a model too big for one device over the GPUs, CPU memory and "
+             "disk (Hugging Face Accelerate); use it instead of --device.")], None),
     ("max_tokens", Annotated[int | None, typer.Option(
         "--max-tokens", min=1, rich_help_panel=MODEL_PANEL,
         help="Limit the input to this many tokens (the model's own limit always applies).")],
@@ -167,7 +172,8 @@ _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
         "--causal", rich_help_panel=TOY_PANEL,
         help="Mask future tokens (-inf before the softmax), as in a decoder.")], False),
     ("seed", Annotated[int, typer.Option(
-        "--seed", rich_help_panel=TOY_PANEL, help="Seed for weights and word embeddings.")], 0),
+        "--seed", min=0, max=2**32 - 1, rich_help_panel=TOY_PANEL,
+        help="Seed for weights and word embeddings.")], 0),
     ("no_scale", Annotated[bool, typer.Option(
         "--no-scale", rich_help_panel=TOY_PANEL,
         help="Drop the 1/sqrt(d_k) scaling to show how the softmax saturates.")], False),
@@ -236,6 +242,11 @@ def check_text(text: str, what: str = "the text") -> None:
     if "\x00" in text:
         raise InputError(f"{what} contains a NUL character (\\x00)",
                          "remove control characters from the text")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # undecodable bytes in argv arrive as lone surrogates
+        raise InputError(f"{what} is not valid UTF-8 (character {exc.start})",
+                         "pass UTF-8 text, or pipe a UTF-8 file in with TEXT -") from None
 
 
 def toy_config(request: CaptureRequest) -> Any:
@@ -251,7 +262,8 @@ def model_spec(request: CaptureRequest) -> Any:
     name = request.model_name
     return ModelSpec(name=name, revision=request.revision,
                      trust_remote_code=request.trust_remote_code, device=request.device,
-                     dtype=request.dtype, toy=toy_config(request) if name == TOY_MODEL else None)
+                     dtype=request.dtype, device_map=request.device_map,
+                     toy=toy_config(request) if name == TOY_MODEL else None)
 
 
 def validate_request(request: CaptureRequest) -> None:
@@ -270,6 +282,10 @@ def load_model(request: CaptureRequest) -> AttentionSource:
     from attnviz.models import load_source
 
     spec = model_spec(request)
+    if spec.trust_remote_code and spec.name != "toy":
+        warn(f"--trust-remote-code is on: Python code that comes with the model {spec.name} "
+             "will run on this machine with your permissions; use it only for models whose "
+             "code you trust")
     if spec.name not in ("toy",):
         with stderr.status(f"Loading {spec.name}...", spinner="dots"):
             return load_source(spec)
@@ -301,6 +317,16 @@ def obtain_capture(request: CaptureRequest, *, layers: str | None = None,
     text = read_text(request.text or "")
     if request.pair is not None:
         check_text(request.pair, "the --pair text")
+    if not request.no_cache:
+        from attnviz.cache import capture_with_cache
+
+        capture = capture_with_cache(model_spec(request), text, request.pair,
+                                     load=lambda: load_model(request), layers=layers, heads=heads,
+                                     max_tokens=request.max_tokens, truncate=request.truncate,
+                                     warn=warn)
+        for message in capture.meta.get("warnings", []):
+            warn(message)
+        return capture
     source = load_model(request)
     layer_list = parse_selection(layers, source.num_layers, "layer") if layers else None
     head_list = parse_selection(heads, source.num_heads, "head") if heads else None
@@ -313,11 +339,6 @@ def obtain_capture(request: CaptureRequest, *, layers: str | None = None,
 
 def view_of(capture: Capture, *, exclude_special: bool = False, words: bool = False) -> Capture:
     """Apply --words and --exclude-special to a capture."""
-    from attnviz.analysis.tokens import exclude_special as drop_special
-    from attnviz.analysis.tokens import merge_words
+    from attnviz.analysis.tokens import token_view
 
-    if words:
-        capture = merge_words(capture)
-    if exclude_special:
-        capture = drop_special(capture)
-    return capture
+    return token_view(capture, words=words, exclude_special=exclude_special)

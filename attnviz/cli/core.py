@@ -44,15 +44,16 @@ def _head_title(capture: Capture, layer: int, head: str, notes: list[str]) -> st
     return f"{capture.model}: layer {layer}, head {head}{extra}"
 
 
+def _indices(indices: list[int]) -> str:
+    from attnviz.capture import format_indices
+
+    return format_indices(indices)
+
+
 def _notes(capture: Capture) -> list[str]:
-    notes = []
-    if capture.meta.get("words_merged"):
-        notes.append("word level")
-    if capture.meta.get("special_excluded"):
-        notes.append("special tokens excluded, rows renormalised")
-    if capture.causal:
-        notes.append("causal")
-    return notes
+    from attnviz.analysis.tokens import view_notes
+
+    return view_notes(capture)
 
 
 def _default_name(capture: Capture, what: str) -> Path:
@@ -133,7 +134,8 @@ def heatmap(
         shown_layer = resolve_index(layer, view.num_layers, "layer")
         if head_choice == "mean":
             matrix = view.mean_matrix(layer)
-            head_label = f"mean of {len(view.heads)}"
+            head_label = ("mean of all heads" if len(view.heads) == view.num_heads
+                          else f"mean of heads {_indices(view.heads)}")
             what = f"L{shown_layer}_mean"
         else:
             matrix = view.matrix(layer, int(head_choice))
@@ -150,7 +152,9 @@ def heatmap(
         block = np.asarray(view.weights[position : position + 1], dtype=np.float32)
         fig = render.draw_grid(block, [f"layer {shown_layer}"], [f"head {h}" for h in view.heads],
                                tokens=labels, cmap=cmap,
-                               title=f"{view.model}: layer {shown_layer}, all heads"
+                               title=f"{view.model}: layer {shown_layer}, "
+                                     + ("all heads" if len(view.heads) == view.num_heads
+                                        else f"heads {_indices(view.heads)}")
                                      + (f" ({', '.join(notes)})" if notes else ""))
         what = f"L{shown_layer}_heads"
     else:
@@ -159,7 +163,12 @@ def heatmap(
         fig = render.draw_grid(np.asarray(view.weights, dtype=np.float32),
                                [f"layer {i}" for i in view.layers],
                                [f"head {h}" for h in view.heads], tokens=labels, cmap=cmap,
-                               title=f"{view.model}: every layer and head"
+                               title=f"{view.model}: "
+                                     + ("every layer and head"
+                                        if len(view.layers) == view.num_layers
+                                        and len(view.heads) == view.num_heads
+                                        else f"layers {_indices(view.layers)}, "
+                                             f"heads {_indices(view.heads)}")
                                      + (f" ({', '.join(notes)})" if notes else ""))
         what = "overview"
     path = render.save_figure(fig, out or _default_name(capture, what), dpi=dpi)
@@ -167,18 +176,10 @@ def heatmap(
 
 
 def _topk_rows(view: Capture, layer: int, head: int | str, k: int) -> list[dict[str, object]]:
-    from attnviz.analysis.topk import top_k
+    from attnviz.analysis.topk import topk_rows
 
     matrix = view.mean_matrix(layer) if head == "mean" else view.matrix(layer, int(head))
-    rows = []
-    for entry in top_k(matrix, k):
-        rows.append({
-            "query_index": entry.query,
-            "query": view.display_tokens[entry.query],
-            "top": [{"key_index": j, "key": view.display_tokens[j], "weight": round(w, 6)}
-                    for j, w in zip(entry.keys, entry.weights)],
-        })
-    return rows
+    return topk_rows(matrix, view.display_tokens, k, causal=view.causal)
 
 
 def format_topk(rows: list[dict[str, object]], fmt: TableFormat, k: int, title: str) -> str:
@@ -291,7 +292,7 @@ def dump(
         "--float16", rich_help_panel=OUTPUT_PANEL,
         help="Store weights as float16 (half the size; error at most ~2.4e-4).")] = False,
 ) -> None:
-    """Save the capture record: attention.npy [layer, head, query, key] plus a JSON sidecar.
+    """Save the capture record: attention.npy \\[layer, head, query, key] plus a JSON sidecar.
 
     Load it back with numpy and json alone, or re-render it with --from.
 
@@ -302,7 +303,28 @@ def dump(
       attnviz dump "The cat sat on the mat" --layers 0,2-4 --heads 0-5 --float16 -o cat.npy
 
       python -c "import numpy; print(numpy.load('cat/attention.npy').shape)"
+
+    The weights are written layer by layer into a memory-mapped file as the model runs, so a
+    capture bigger than memory can be dumped (and read back slice by slice with --from).
     """
-    capture = obtain_capture(request, layers=layers, heads=heads)
-    path = capture.save(out, float16=float16)
+    from attnviz.cli._common import check_text, load_model, read_text, validate_request, warn
+    from attnviz.selection import parse_selection
+    from attnviz.stream import stream_capture, write_capture
+
+    validate_request(request)
+    if request.from_path is not None:
+        capture = obtain_capture(request, layers=layers, heads=heads, mmap=True)
+        path = write_capture(capture, out, float16=float16)
+    else:
+        text = read_text(request.text or "")
+        if request.pair is not None:
+            check_text(request.pair, "the --pair text")
+        source = load_model(request)
+        path, capture = stream_capture(
+            source, text, out, pair=request.pair,
+            layers=parse_selection(layers, source.num_layers, "layer") if layers else None,
+            heads=parse_selection(heads, source.num_heads, "head") if heads else None,
+            max_tokens=request.max_tokens, truncate=request.truncate, float16=float16)
+        for message in capture.meta.get("warnings", []):
+            warn(message)
     stdout.print(str(path.parent if path.name == "attention.npy" else path))

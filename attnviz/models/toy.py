@@ -46,14 +46,19 @@ class ToyConfig:
 
     def __post_init__(self) -> None:
         if self.heads < 1 or self.d_model < 1 or self.layers < 1:
-            raise UsageError("toy model: --heads, --d-model and --layers must be at least 1")
+            raise UsageError(
+                "toy model: --toy-heads, --d-model and --toy-layers must be at least 1")
         if self.d_model % self.heads:
             raise UsageError(
-                f"toy model: --d-model {self.d_model} is not divisible by --heads {self.heads}",
+                f"toy model: --d-model {self.d_model} is not divisible by --toy-heads "
+                f"{self.heads}",
                 f"pick a d_model that is a multiple of {self.heads}, e.g. {self.heads * 8}",
             )
         if self.d_model > 4096 or self.heads > 256 or self.layers > 64:
-            raise UsageError("toy model: keep --d-model <= 4096, --heads <= 256, --layers <= 64")
+            raise UsageError(
+                "toy model: keep --d-model <= 4096, --toy-heads <= 256, --toy-layers <= 64")
+        if not 0 <= self.seed < 2**32:
+            raise UsageError(f"toy model: --seed {self.seed} is out of range (0..4294967295)")
 
     @property
     def d_k(self) -> int:
