@@ -110,6 +110,9 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("empty pair", ["heatmap", "hi", "--pair", " "], 2, "--pair text is empty"),
     ("100k characters, no truncate", ["dump", "x " * 50_000, "--no-truncate", "-o", "d"], 2,
      "more than the limit of 512"),
+    ("zero-width text only", ["heatmap", "\u200b\u200b"], 2, "besides special tokens"),
+    ("max-tokens below specials", ["dump", "The dog sat", "--max-tokens", "1", "-o", "d"], 2,
+     "leaves no room for the text"),
     ("stdin empty", ["heatmap", "-", *TOY], 2, "the text is empty"),
     # ------------------------------------------------------------------ bad selections
     ("layer out of range", ["heatmap", "hi", *TOY, "--layer", "1"], 2,

@@ -260,8 +260,16 @@ class HFSource:
             raise InputError(f"{what} is empty", "give a sentence such as "
                              "\"The cat sat on the mat\"")
         length = len(self.tokenizer(text, pair, add_special_tokens=True)["input_ids"])
-        if length == 0:
-            raise InputError(f"{what} produced no tokens for this model")
+        content = len(self.tokenizer(text, pair, add_special_tokens=False)["input_ids"])
+        if length == 0 or content == 0:
+            raise InputError(f"{what} has no tokens for {self.name} besides special tokens",
+                             "give visible words, e.g. \"The cat sat on the mat\"")
+        specials = length - content
+        needed = specials + (2 if pair is not None else 1)
+        if limit is not None and limit < needed:
+            raise UsageError(
+                f"a limit of {limit} tokens ({whose}) leaves no room for the text: {self.name} "
+                f"adds {specials} special tokens", f"use --max-tokens {needed} or more")
         if limit is None or length <= limit:
             return []
         if not truncate:

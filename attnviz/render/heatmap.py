@@ -6,6 +6,7 @@ Query tokens are rows, key tokens are columns: row ``i`` shows where token ``i``
 from __future__ import annotations
 
 import io
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -91,7 +92,9 @@ def draw_head(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], *, t
             light = (0.299 * r + 0.587 * g + 0.114 * b) < 0.5
             ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=size,
                     color="white" if light else "black")
-    fig.tight_layout()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "tight layout not applied" on tiny views
+        fig.tight_layout()
     return fig
 
 
@@ -152,8 +155,12 @@ def save_figure(fig: Figure, path: Path | str, *, dpi: int | None = None) -> Pat
     if fmt not in FORMATS:
         raise UsageError(f"cannot save a figure as .{fmt}", "use a .png, .svg or .pdf file name")
     buffer = io.BytesIO()
-    fig.savefig(buffer, format=fmt, dpi=dpi or fig.dpi,
-                metadata={"Software": "attnviz"} if fmt == "png" else None)
+    with warnings.catch_warnings():
+        # Missing glyphs (CJK, emoji) draw as boxes; matplotlib's per-glyph warnings would
+        # only print source paths at the user.
+        warnings.simplefilter("ignore", UserWarning)
+        fig.savefig(buffer, format=fmt, dpi=dpi or fig.dpi,
+                    metadata={"Software": "attnviz"} if fmt == "png" else None)
     plt.close(fig)
     atomic_write(path, lambda handle: handle.write(buffer.getvalue()))
     return path
