@@ -30,8 +30,22 @@ attnviz heatmap "$T" --model toy --toy-heads 2 --d-model 16 --layer 0 --head 0 -
 attnviz heatmap "$T" --model toy --toy-heads 1 --d-model 64 --layer 0 --head 0 --no-scale \
   -o "$out/toy_no_scale.png"
 
-# Later sections add their samples below (export, analysis, html).
-if [ -f scripts/make_samples_more.sh ]; then
-  . scripts/make_samples_more.sh
+# Head analysis: statistics plot and table, rollout, compare, explain.
+W="The cat sat on the mat because it was warm."
+attnviz heads "$W" --plot "$out/heads_entropy.png" --stat entropy --format markdown \
+  -o "$out/heads.md"
+attnviz rollout "$W" --token it -o "$out/rollout.png" --npy "$out/.tmp/rollout.npy" \
+  --bar "$out/rollout_bar_it.png" 2>/dev/null
+attnviz compare "$T" --model toy --vs-causal --head 0 -o "$out/compare_toy_causal.png" \
+  --format markdown > "$out/compare_toy_causal.md"
+attnviz compare "The bank of the river" "The bank approved the loan" --words --layer 2 \
+  --head mean -o "$out/compare_bank.png" > /dev/null
+attnviz explain "The cat sat on the mat" --token cat --format json > "$out/.tmp/explain.json"
+COLUMNS=100 attnviz explain "The cat sat on the mat" --token cat > "$out/explain_cat.txt"
+
+# Interactive HTML report: its screenshot (needs Chromium; skipped without it).
+attnviz html "$W" -o "$out/.tmp/report.html" >/dev/null
+if command -v chromium >/dev/null 2>&1; then
+  python scripts/screenshot_report.py --sample "$out/html_report.png"
 fi
 ls -la "$out"

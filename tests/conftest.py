@@ -92,3 +92,20 @@ def invoke(runner: CliRunner) -> Callable[..., object]:
         return runner.invoke(app, [str(a) for a in args], input=input)
 
     return run
+
+
+@pytest.fixture
+def cli_minilm(monkeypatch: pytest.MonkeyPatch, minilm):
+    """Make CLI commands reuse the session's MiniLM instead of loading it again."""
+    import attnviz.models as models
+
+    real = models.load_source
+
+    def load(spec=None):
+        name = spec if isinstance(spec, str) else getattr(spec, "name", "minilm")
+        if name == "minilm" and getattr(spec, "dtype", "float32") == "float32":
+            return minilm
+        return real(spec)
+
+    monkeypatch.setattr(models, "load_source", load)
+    return minilm

@@ -1,0 +1,296 @@
+"""``export``: every head of many texts to PNG/SVG/PDF, with a progress bar."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+import typing
+from collections.abc import Callable, Iterator
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from attnviz.cli import app
+from attnviz.cli._common import (
+    _CAPTURE_PARAMS,
+    INPUT_PANEL,
+    OUTPUT_PANEL,
+    CaptureRequest,
+    CmapOpt,
+    DpiOpt,
+    ExcludeSpecialOpt,
+    HeadsOpt,
+    LayersOpt,
+    WordsOpt,
+    handle_errors,
+    model_spec,
+    stderr,
+    stdout,
+)
+from attnviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnviz.export import ExportItem, ExportProgress, ExportSummary
+
+F = typing.TypeVar("F", bound=Callable[..., Any])
+
+_NOT_SHARED = ("text", "from_path", "pair")  # export has its own TEXT..., --from and --input
+
+
+class ImageFormat(str, Enum):
+    png = "png"
+    svg = "svg"
+    pdf = "pdf"
+
+
+def model_options(func: F) -> F:
+    """Add the shared model options (``--model``, ``--dtype``, toy options, ...) to a command.
+
+    Like :func:`~attnviz.cli._common.capture_options` without TEXT, ``--from`` and ``--pair``:
+    the command receives ``request: CaptureRequest`` with those left empty.
+    """
+    own_hints = typing.get_type_hints(func, include_extras=True)
+    own = inspect.signature(func)
+    own_params = [p.replace(annotation=own_hints.get(name, p.annotation))
+                  for name, p in own.parameters.items() if name != "request"]
+    shared_specs = [spec for spec in _CAPTURE_PARAMS if spec[0] not in _NOT_SHARED]
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                annotation=annotation)
+              for name, annotation, default in shared_specs]
+    positional = [p for p in own_params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own_params
+               if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    params = [*positional, *keyword, *shared]
+    shared_names = {name for name, _, _ in shared_specs}
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = inspect.Signature(params).bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        request = CaptureRequest(text=None, from_path=None, pair=None,
+                                 **{k: values.pop(k) for k in list(values) if k in shared_names})
+        return func(request=request, **values)
+
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    hints = {name: annotation for name, annotation, _ in shared_specs}
+    hints.update({k: v for k, v in own_hints.items() if k not in ("request", "return")})
+    wrapper.__annotations__ = hints
+    return wrapper  # type: ignore[return-value]
+
+
+def _count_texts(path: str) -> int | None:
+    """Non-blank lines of an input file (streamed), or ``None`` for standard input."""
+    if path == "-":
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return sum(1 for line in handle if line.strip())
+    except OSError:
+        return None  # read_input reports it
+
+
+def _items(texts: list[str], dumps: list[Path],
+           lines: Iterator[ExportItem] | None) -> Iterator[ExportItem]:
+    from attnviz.export import ExportItem
+
+    for number, text in enumerate(texts, start=1):
+        yield ExportItem(text=text, origin=f"TEXT {number}")
+    for dump in dumps:
+        yield ExportItem(dump=dump, origin=f"--from {dump}")
+    if lines is not None:
+        yield from lines
+
+
+def _progress(total: int | None) -> ExportProgress:
+    from rich.markup import escape
+
+    from attnviz.export import ExportProgress
+
+    if not stderr.is_terminal:
+        class LogLines(ExportProgress):
+            """One plain line per text (for logs and pipes)."""
+
+            def __init__(self) -> None:
+                self.done = 0
+
+            def note(self, message: str) -> None:
+                stderr.print(escape(message), markup=True)
+
+            def end_text(self, label: str, status: str, detail: str) -> None:
+                self.done += 1
+                of = f"/{total}" if total is not None else ""
+                stderr.print(escape(f"[{self.done}{of}] {status} {label}: {detail}"),
+                             markup=True)
+
+        return LogLines()
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    class Bar(ExportProgress):
+        """A rich progress bar: texts, figures, rate and ETA."""
+
+        def __init__(self) -> None:
+            self.bar = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                MofNCompleteColumn(), TaskProgressColumn(),
+                TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                console=stderr, transient=False)
+            self.texts = self.bar.add_task("texts", total=total, rate="")
+            self.files = self.bar.add_task("files", total=0, rate="")
+            self.started = time.perf_counter()
+            self.file_total = 0
+
+        def start(self, count: int | None) -> None:
+            self.bar.start()
+
+        def note(self, message: str) -> None:
+            self.bar.console.print(escape(message), markup=True)
+
+        def begin_text(self, label: str, figures: int) -> None:
+            self.file_total += figures
+            self.bar.update(self.files, total=self.file_total)
+
+        def advance(self, files: int) -> None:
+            elapsed = max(time.perf_counter() - self.started, 1e-9)
+            done = self.bar.tasks[self.files].completed + files
+            self.bar.update(self.files, advance=files, rate=f"{done / elapsed:.1f}/s")
+
+        def end_text(self, label: str, status: str, detail: str) -> None:
+            if status == "failed":
+                self.bar.console.print(
+                    escape(f"[failed] {label}: {detail}"), style="red", markup=True)
+            self.bar.update(self.texts, advance=1)
+
+        def stop(self) -> None:
+            self.bar.stop()
+
+    return Bar()
+
+
+def _report(summary: ExportSummary) -> None:
+    stdout.print(
+        f"Exported to {summary.out_dir}: {summary.texts} texts "
+        f"({summary.exported} exported, {summary.skipped} skipped, {summary.failed} failed"
+        + (f", {summary.blank} blank lines" if summary.blank else "")
+        + f"); {summary.files_written} files written, {summary.files_skipped} kept; "
+        f"{summary.seconds:.1f} s. Index: {summary.out_dir / 'index.html'}",
+        markup=False)
+    if summary.failed:
+        from rich.markup import escape
+
+        for origin, message in summary.failures:
+            stderr.print(f"[red]failed[/red] {escape(origin)}: {escape(message)}")
+        if summary.failed > len(summary.failures):
+            stderr.print(f"... and {summary.failed - len(summary.failures)} more (see index.json)")
+
+
+@app.command("export")
+@handle_errors
+@model_options
+def export(
+    request: CaptureRequest,
+    texts: Annotated[list[str] | None, typer.Argument(
+        metavar="TEXT", show_default=False,
+        help="Texts to export (each its own folder). Use --input for many.")] = None,
+    *,
+    out: Annotated[Path, typer.Option(
+        "--out", "-o", rich_help_panel=OUTPUT_PANEL, metavar="OUT_DIR",
+        help="Output folder: one sub-folder per text, plus index.json and index.html.")],
+    input_file: Annotated[str | None, typer.Option(
+        "--input", "-i", rich_help_panel=INPUT_PANEL, metavar="FILE",
+        help="One text per line, or JSONL with \"text\" (and optional \"pair\", \"id\"); "
+             "'-' reads standard input. Blank lines are skipped and counted.")] = None,
+    dumps: Annotated[list[Path] | None, typer.Option(
+        "--from", rich_help_panel=INPUT_PANEL, metavar="DUMP",
+        help="A saved capture (from 'attnviz dump') to export; repeat for more.")] = None,
+    layers: LayersOpt = None,
+    heads: HeadsOpt = None,
+    fmt: Annotated[ImageFormat, typer.Option(
+        "--format", "-f", rich_help_panel=OUTPUT_PANEL,
+        help="Image format. PNGs use the fast renderer; SVG and PDF are drawn by "
+             "matplotlib (slower).")] = ImageFormat.png,
+    dpi: DpiOpt = 100,
+    cmap: CmapOpt = "viridis",
+    annot: Annotated[bool | None, typer.Option(
+        "--annot/--no-annot", rich_help_panel=OUTPUT_PANEL, show_default=False,
+        help="Write the weights in head figures' cells (default: at most 30 tokens).")] = None,
+    exclude_special: ExcludeSpecialOpt = False,
+    words: WordsOpt = False,
+    top_k: Annotated[int, typer.Option(
+        "--top-k", "-k", min=1, rich_help_panel=OUTPUT_PANEL,
+        help="Keys per query in each text's topk.csv.")] = 3,
+    figures: Annotated[str, typer.Option(
+        "--figures", rich_help_panel=OUTPUT_PANEL, metavar="KINDS",
+        help="Which figures to draw: any of heads,layers,overview.")
+    ] = "heads,layers,overview",
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", min=1, rich_help_panel=OUTPUT_PANEL, show_default=False,
+        help="Drawing processes (default: the number of cores; 1 draws in this process).")
+    ] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", rich_help_panel=OUTPUT_PANEL,
+        help="Redraw everything, even texts an earlier run finished.")] = False,
+) -> None:
+    """Export every head of many texts: images, grids, overview, capture, top-k.
+
+    Each text gets a folder (a slug of the text plus a hash, or the JSONL id):
+    heads/L00_H00.png ..., layers/L00.png ..., overview.png, attention.npy,
+    capture.json and topk.csv. OUT_DIR/index.json and index.html list them all.
+
+    Files are written atomically; run the same command again to finish an
+    interrupted export (--force redraws everything). A text that fails is
+    reported and skipped, and the exit code is then 1.
+
+    Examples:
+
+      attnviz export "The cat sat on the mat" "A dog barked" -o figs/
+
+      attnviz export --input texts.jsonl --layers 0,5 --heads 0-3 -o figs/
+
+      attnviz export --from cat/ --format svg -o figs/
+    """
+    from attnviz.export import ExportOptions, export_items, read_input
+
+    text_list = list(texts or [])
+    dump_list = list(dumps or [])
+    if "-" in text_list:
+        raise UsageError("'-' is not a text here", "read texts from standard input with "
+                         "--input -")
+    if not text_list and not dump_list and input_file is None:
+        raise UsageError("nothing to export: give TEXT arguments, --input FILE or --from DUMP",
+                         "example: attnviz export \"The cat sat on the mat\" -o figs/")
+    kinds = tuple(k.strip().lower() for k in figures.split(",") if k.strip())
+    options = ExportOptions(fmt=fmt.value, dpi=dpi, cmap=cmap, layers=layers, heads=heads,
+                            words=words, exclude_special=exclude_special, annot=annot,
+                            top_k=top_k, figures=kinds, jobs=jobs, force=force)
+    options.check()
+    lines = read_input(input_file) if input_file is not None else None  # opens it now
+    counted = _count_texts(input_file) if input_file is not None else 0
+    total = None if counted is None else len(text_list) + len(dump_list) + counted
+    progress = _progress(total)
+    progress.start(total)
+    try:
+        summary = export_items(_items(text_list, dump_list, lines), out, options,
+                               spec=model_spec(request), max_tokens=request.max_tokens,
+                               truncate=request.truncate, use_cache=not request.no_cache,
+                               progress=progress)
+    finally:
+        stop = getattr(progress, "stop", None)
+        if stop is not None:
+            stop()
+    _report(summary)
+    if summary.failed:
+        raise typer.Exit(1)

@@ -1,0 +1,1166 @@
+"""Batch export: every head of many texts as PNG, SVG or PDF, resumable, in parallel.
+
+For each text, :func:`export_items` writes a folder::
+
+    OUT_DIR/
+        index.json, index.html       every text of this run: folder, status, files
+        the-cat-sat-on-the-mat-1a2b3c4d5e/
+            attention.npy             the capture [layer, head, query, key] (float32)
+            capture.json              its sidecar (tokens, layers, heads, model, ...)
+            topk.csv                  top-k keys of every query, every layer and head
+            heads/L00_H00.png ...     one figure per head, as ``attnviz heatmap -l L --head H``
+            layers/L00.png ...        one grid per layer, as ``attnviz heatmap -l L``
+            overview.png              every layer and head, as ``attnviz heatmap``
+            export.json               this folder's manifest; ``"complete": true`` once done
+
+Folder names are a sanitised slug of the text plus a hash of text and pair (or the sanitised
+JSONL ``id``), so nothing in the input can reach outside OUT_DIR, collide with another text, or
+exceed file-name limits. Every file is written atomically; a re-run skips complete texts and
+finishes partial ones (``force=True`` redraws everything). The model runs once per text in the
+calling process; figures are drawn by ``jobs`` worker processes, PNGs with the fast renderer of
+:mod:`attnviz.render.fast`. At most a few texts are in flight at once, so memory stays flat
+however many texts there are.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from attnviz import __version__
+from attnviz.errors import AttnvizError, InputError, OutputError, UsageError
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from attnviz.capture import Capture
+    from attnviz.models import AttentionSource, ModelSpec
+    from attnviz.render.fast import FrameTemplate, HeadFigure
+
+MANIFEST = "export.json"
+INDEX_JSON = "index.json"
+INDEX_HTML = "index.html"
+TOPK_CSV = "topk.csv"
+HEADS_DIR = "heads"
+LAYERS_DIR = "layers"
+FORMATS = ("png", "svg", "pdf")
+FIGURES = ("heads", "layers", "overview")
+MANIFEST_FORMAT = "attnviz-export"
+SLUG_LENGTH = 40
+ID_LENGTH = 60
+_MAX_FAILURES_KEPT = 200
+HEADS_PER_SPLIT = 96  # below this many heads, one process draws all heads of a text
+
+
+# --------------------------------------------------------------------------- inputs
+@dataclass
+class ExportItem:
+    """One input of an export: a text (with optional pair and id) or a saved capture.
+
+    Attributes:
+        text: the text; ``None`` for a dump.
+        pair: second sentence of a sentence pair.
+        id: a name for the folder (JSONL ``id``), sanitised before use.
+        dump: a saved capture (folder or ``.npy``) to render instead of running the model.
+        origin: where the item came from, for messages (``"line 3 of texts.jsonl"``).
+        blank: a blank input line (skipped and counted).
+        error: why the input could not be read (reported as a failed text).
+    """
+
+    text: str | None = None
+    pair: str | None = None
+    id: str | None = None
+    dump: Path | None = None
+    origin: str = ""
+    blank: bool = False
+    error: str | None = None
+
+
+def read_input(path: Path | str, stream: IO[bytes] | None = None) -> Iterator[ExportItem]:
+    """Read texts from a file (``"-"``: standard input or ``stream``), one item per line.
+
+    A file whose first non-blank line starts with ``{`` is JSONL: each line an object with
+    ``text`` and optional ``pair`` and ``id``. Otherwise each line is one text. Blank lines
+    come back as ``blank`` items; unreadable lines as items with an ``error``. The file is
+    opened now and read lazily, so any size works.
+
+    Raises:
+        InputError: the file cannot be opened.
+    """
+    import sys
+
+    if str(path) == "-":
+        handle = stream if stream is not None else sys.stdin.buffer
+        return _read_lines(handle, "standard input", close=False)
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed by _read_lines
+    except FileNotFoundError:
+        raise InputError(f"input file {path} does not exist",
+                         "give a text file with one text per line, or JSONL") from None
+    except IsADirectoryError:
+        raise InputError(f"input file {path} is a folder",
+                         "give a text file with one text per line, or JSONL") from None
+    except OSError as exc:
+        raise InputError(f"cannot read input file {path}: {exc.strerror or exc}") from None
+    return _read_lines(handle, str(path), close=True)
+
+
+def _read_lines(handle: IO[bytes], name: str, *, close: bool) -> Iterator[ExportItem]:
+    jsonl: bool | None = None
+    try:
+        for number, raw in enumerate(handle, start=1):
+            origin = f"line {number} of {name}"
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                yield ExportItem(origin=origin,
+                                 error=f"{origin} is not valid UTF-8 (byte {exc.start})")
+                continue
+            if not line.strip():
+                yield ExportItem(origin=origin, blank=True)
+                continue
+            if jsonl is None:
+                jsonl = line.lstrip().startswith("{")
+            yield _jsonl_item(line, origin) if jsonl else ExportItem(text=line, origin=origin)
+    finally:
+        if close:
+            handle.close()
+
+
+def _jsonl_item(line: str, origin: str) -> ExportItem:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return ExportItem(origin=origin, error=f"{origin} is not valid JSON ({exc.msg})")
+    if not isinstance(record, dict):
+        return ExportItem(origin=origin, error=f"{origin} is not a JSON object")
+    text, pair, ident = record.get("text"), record.get("pair"), record.get("id")
+    if not isinstance(text, str):
+        return ExportItem(origin=origin, error=f"{origin} has no \"text\" string")
+    if pair is not None and not isinstance(pair, str):
+        return ExportItem(origin=origin, error=f"{origin}: \"pair\" must be a string")
+    if ident is not None and not isinstance(ident, (str, int)):
+        return ExportItem(origin=origin, error=f"{origin}: \"id\" must be a string or a number")
+    return ExportItem(text=text, pair=pair, id=None if ident is None else str(ident),
+                      origin=origin)
+
+
+def check_text(text: str, what: str = "the text") -> None:
+    """Raise :class:`InputError` for text a model cannot use (empty, NUL characters)."""
+    if not text.strip():
+        raise InputError(f"{what} is empty", "remove empty texts from the input")
+    if "\x00" in text:
+        raise InputError(f"{what} contains a NUL character (\\x00)",
+                         "remove control characters from the text")
+
+
+# --------------------------------------------------------------------------- names
+def folder_name(text: str, pair: str | None = None, ident: str | None = None,
+                salt: str = "") -> str:
+    """The folder of one text: a slug of the text plus a hash, or the sanitised id.
+
+    Only ``a-z``, ``0-9`` and ``-`` are used, at most ~70 characters, never a Windows reserved
+    name, so the name is valid on Linux, macOS and Windows and cannot leave OUT_DIR. An id that
+    sanitising changed gets a hash of the original id, so ``a/b`` and ``a_b`` stay apart.
+    """
+    from attnviz.fileio import short_hash, slugify
+
+    if ident is not None:
+        slug = slugify(ident, ID_LENGTH)
+        return slug if slug == ident else f"{slug}-{short_hash(ident, length=8)}"
+    return f"{slugify(text, SLUG_LENGTH)}-{short_hash(text, pair or '', salt, length=10)}"
+
+
+def head_file(layer: int, head: int, fmt: str, digits: int = 2) -> str:
+    """Relative path of a head's figure, e.g. ``heads/L03_H11.png``."""
+    return f"{HEADS_DIR}/L{layer:0{digits}d}_H{head:0{digits}d}.{fmt}"
+
+
+def layer_file(layer: int, fmt: str, digits: int = 2) -> str:
+    """Relative path of a layer's grid, e.g. ``layers/L03.png``."""
+    return f"{LAYERS_DIR}/L{layer:0{digits}d}.{fmt}"
+
+
+def overview_file(fmt: str) -> str:
+    """Relative path of the model overview."""
+    return f"overview.{fmt}"
+
+
+def _digits(capture: Capture) -> int:
+    return max(2, len(str(max(capture.num_layers, capture.num_heads) - 1)))
+
+
+# --------------------------------------------------------------------------- titles
+def _notes(view: Capture) -> str:
+    from attnviz.analysis.tokens import view_notes
+
+    notes = view_notes(view)
+    return f" ({', '.join(notes)})" if notes else ""
+
+
+def head_title(view: Capture, layer: int, head: int) -> str:
+    """Title of a head's figure, as ``attnviz heatmap --layer L --head H`` writes it."""
+    return f"{view.model}: layer {layer}, head {head}{_notes(view)}"
+
+
+def layer_title(view: Capture, layer: int) -> str:
+    """Title of a layer's grid, as ``attnviz heatmap --layer L`` writes it."""
+    from attnviz.capture import format_indices
+
+    heads = ("all heads" if len(view.heads) == view.num_heads
+             else f"heads {format_indices(view.heads)}")
+    return f"{view.model}: layer {layer}, {heads}{_notes(view)}"
+
+
+def overview_title(view: Capture) -> str:
+    """Title of the model overview, as ``attnviz heatmap`` writes it."""
+    from attnviz.capture import format_indices
+
+    if len(view.layers) == view.num_layers and len(view.heads) == view.num_heads:
+        what = "every layer and head"
+    else:
+        what = f"layers {format_indices(view.layers)}, heads {format_indices(view.heads)}"
+    return f"{view.model}: {what}{_notes(view)}"
+
+
+# --------------------------------------------------------------------------- options
+@dataclass
+class ExportOptions:
+    """How to draw and what to write.
+
+    Attributes:
+        fmt: ``png``, ``svg`` or ``pdf``.
+        dpi: resolution of raster images.
+        cmap: matplotlib colour map.
+        layers: layer selection (``"0,2-4"``; ``None``: all).
+        heads: head selection (``None``: all).
+        words: merge subword tokens into words.
+        exclude_special: drop special tokens and renormalise rows.
+        annot: cell values in head figures; ``None``: when there are at most 30 tokens.
+        top_k: keys per query in ``topk.csv``.
+        figures: which figures to draw: any of ``heads``, ``layers``, ``overview``.
+        jobs: worker processes; ``None``: the number of cores; 1 draws in this process.
+        force: redraw everything, even what an earlier run finished.
+    """
+
+    fmt: str = "png"
+    dpi: int = 100
+    cmap: str = "viridis"
+    layers: str | None = None
+    heads: str | None = None
+    words: bool = False
+    exclude_special: bool = False
+    annot: bool | None = None
+    top_k: int = 3
+    figures: tuple[str, ...] = FIGURES
+    jobs: int | None = None
+    force: bool = False
+
+    def check(self) -> None:
+        """Raise :class:`UsageError` for impossible values."""
+        from attnviz.render.heatmap import check_cmap
+
+        if self.fmt not in FORMATS:
+            raise UsageError(f"unknown format {self.fmt!r}", "use png, svg or pdf")
+        if not 20 <= self.dpi <= 600:
+            raise UsageError(f"--dpi {self.dpi} is out of range", "use 20 to 600")
+        if self.top_k < 1:
+            raise UsageError("--top-k must be at least 1")
+        unknown = [f for f in self.figures if f not in FIGURES]
+        if unknown:
+            raise UsageError(f"unknown figure kind {unknown[0]!r}",
+                             f"choose from {', '.join(FIGURES)}")
+        if self.jobs is not None and self.jobs < 1:
+            raise UsageError("--jobs must be at least 1")
+        check_cmap(self.cmap)
+
+    def settings(self) -> dict[str, Any]:
+        """What decides the files' content (a re-run with other settings redraws)."""
+        return {
+            "format": self.fmt, "dpi": self.dpi, "cmap": self.cmap,
+            "layers": _normal(self.layers), "heads": _normal(self.heads),
+            "words": self.words, "exclude_special": self.exclude_special,
+            "annot": self.annot, "top_k": self.top_k, "figures": sorted(self.figures),
+        }
+
+
+def _normal(selection: str | None) -> str | None:
+    if selection is None or selection.strip().lower() in ("", "all"):
+        return None
+    return "".join(selection.split())
+
+
+def default_jobs() -> int:
+    """The number of cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+# --------------------------------------------------------------------------- progress
+class ExportProgress:
+    """Receives progress events; the default does nothing (the CLI shows a bar or log lines)."""
+
+    def start(self, total: int | None) -> None:
+        """The export starts; ``total`` texts if known."""
+
+    def note(self, message: str) -> None:
+        """Something worth saying (loading the model, a warning)."""
+
+    def begin_text(self, label: str, figures: int) -> None:
+        """A text's capture is ready and ``figures`` files are to be drawn."""
+
+    def advance(self, files: int) -> None:
+        """``files`` more files were drawn."""
+
+    def end_text(self, label: str, status: str, detail: str) -> None:
+        """A text is done: ``status`` is ``exported``, ``skipped`` or ``failed``."""
+
+
+@dataclass
+class ExportSummary:
+    """What an export did."""
+
+    out_dir: Path
+    texts: int = 0  # inputs that were not blank
+    exported: int = 0
+    skipped: int = 0  # complete from an earlier run, or the same text twice
+    failed: int = 0
+    blank: int = 0
+    files_written: int = 0
+    files_skipped: int = 0
+    seconds: float = 0.0
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (origin, message)
+
+    def add_failure(self, origin: str, message: str) -> None:
+        self.failed += 1
+        if len(self.failures) < _MAX_FAILURES_KEPT:
+            self.failures.append((origin, message))
+
+
+# --------------------------------------------------------------------------- drawing
+@dataclass(frozen=True)
+class RenderTask:
+    """Figures of one text for one worker (picklable: paths and numbers only)."""
+
+    folder: str
+    heads: tuple[tuple[int, int], ...]  # (layer, head), model indices
+    layers: tuple[int, ...]  # layer grids
+    overview: bool
+    fmt: str
+    dpi: int
+    cmap: str
+    annot: bool | None
+    words: bool
+    exclude_special: bool
+
+    @property
+    def count(self) -> int:
+        return len(self.heads) + len(self.layers) + int(self.overview)
+
+
+_HEAD_TEMPLATES: collections.OrderedDict[tuple[Any, ...], Any] = collections.OrderedDict()
+_GRID_TEMPLATES: collections.OrderedDict[tuple[Any, ...], list[Any]] = collections.OrderedDict()
+
+
+def _remember(cache: collections.OrderedDict[tuple[Any, ...], Any], key: tuple[Any, ...],
+              value: Any, size: int) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > size:
+        cache.popitem(last=False)
+
+
+def _head_template(task: RenderTask, view: Capture, titles: list[str]) -> FrameTemplate:
+    from attnviz.render.fast import head_template
+
+    labels = tuple(view.display_tokens)
+    key = (task.folder, labels, task.cmap, task.dpi, task.annot)
+    template = _HEAD_TEMPLATES.get(key)
+    if template is None:
+        template = head_template(labels, labels, cmap=task.cmap, dpi=task.dpi,
+                                 annot=task.annot, titles=titles)
+        _remember(_HEAD_TEMPLATES, key, template, 1)
+    else:
+        template.prepare_titles(titles)
+        _HEAD_TEMPLATES.move_to_end(key)
+    return template
+
+
+def _grid_template(rows: list[str], cols: list[str], tokens: list[str], cmap: str, dpi: int,
+                   titles: list[str]) -> FrameTemplate:
+    """A grid frame, reused across texts when it does not show their tokens."""
+    from attnviz.render.fast import grid_template
+
+    base = (len(rows), tuple(cols), len(tokens), cmap, dpi)
+    for entry_rows, entry_tokens, template in _GRID_TEMPLATES.get(base, []):
+        if entry_rows in (None, tuple(rows)) and entry_tokens in (None, tuple(tokens)):
+            template.prepare_titles(titles)
+            _GRID_TEMPLATES.move_to_end(base)
+            return template
+    template = grid_template(len(rows), len(cols), len(tokens), rows, cols, tokens=tokens,
+                             cmap=cmap, dpi=dpi, titles=titles)
+    shows_rows = any(template_shows(template, label) for label in rows)
+    entry = (tuple(rows) if shows_rows else None,
+             tuple(tokens) if template.uses_tokens else None, template)
+    entries = _GRID_TEMPLATES.get(base, [])[-3:] + [entry]
+    _remember(_GRID_TEMPLATES, base, entries, 4)
+    return template
+
+
+def template_shows(template: FrameTemplate, label: str) -> bool:
+    """Whether a grid frame shows ``label`` (row labels appear only on multi-row grids)."""
+    return label in template.strings
+
+
+def _write(path: Path, data: bytes) -> None:
+    from attnviz.fileio import atomic_write
+
+    atomic_write(path, lambda handle: handle.write(data))
+
+
+def render_task(task: RenderTask, on_file: Callable[[int], None] | None = None
+                ) -> tuple[int, int]:
+    """Draw one task's figures into its text folder; files that exist are kept.
+
+    Args:
+        task: what to draw.
+        on_file: called with 1 after each file written.
+
+    Returns:
+        ``(files written, files that already existed)``.
+    """
+    import numpy as np
+
+    from attnviz.analysis.tokens import exclude_special, merge_words
+    from attnviz.capture import load_capture
+
+    folder = Path(task.folder)
+    view = load_capture(folder, mmap=True)
+    if task.words:
+        view = merge_words(view)
+    if task.exclude_special:
+        view = exclude_special(view)
+    digits, fmt = _digits(view), task.fmt
+    labels = list(view.display_tokens)
+    col_labels = [f"head {h}" for h in view.heads]
+    written = 0
+
+    def save(relative: str, data: bytes) -> None:
+        nonlocal written
+        _write(folder / relative, data)
+        written += 1
+        if on_file is not None:
+            on_file(1)
+
+    heads = [(layer, head, head_file(layer, head, fmt, digits)) for layer, head in task.heads]
+    heads = [entry for entry in heads if not (folder / entry[2]).exists()]
+    layers = [(layer, layer_file(layer, fmt, digits)) for layer in task.layers]
+    layers = [entry for entry in layers if not (folder / entry[1]).exists()]
+    overview = task.overview and not (folder / overview_file(fmt)).exists()
+    existing = task.count - len(heads) - len(layers) - int(overview)
+
+    titles = [head_title(view, layer, head) for layer, head, _ in heads]
+    if heads and fmt == "png":
+        template = _head_template(task, view, titles)
+        for (layer, head, relative), title in zip(heads, titles):
+            save(relative, template.png([view.matrix(layer, head)], title))
+    elif heads:
+        figure = _head_figure(task, view, max(titles, key=len))
+        for (layer, head, relative), title in zip(heads, titles):
+            save(relative, figure.render(view.matrix(layer, head), title, fmt, task.dpi))
+
+    grid_titles = [layer_title(view, layer) for layer, _ in layers]
+    for (layer, relative), title in zip(layers, grid_titles):
+        block = np.asarray(view.weights[view.layer_position(layer)],
+                           dtype=np.float32)  # [head, query, key]
+        if fmt == "png":
+            grid = _grid_template([f"layer {layer}"], col_labels, labels, task.cmap, task.dpi,
+                                  grid_titles)
+            save(relative, grid.png(list(block), title))
+        else:
+            save(relative, _vector_grid(block[None], [f"layer {layer}"], col_labels, labels,
+                                        title, task))
+
+    if overview:
+        weights = np.asarray(view.weights, dtype=np.float32)  # [layer, head, query, key]
+        rows = [f"layer {layer}" for layer in view.layers]
+        title = overview_title(view)
+        if fmt == "png":
+            grid = _grid_template(rows, col_labels, labels, task.cmap, task.dpi, [title])
+            save(overview_file(fmt), grid.png([m for block in weights for m in block], title))
+        else:
+            save(overview_file(fmt), _vector_grid(weights, rows, col_labels, labels, title,
+                                                  task))
+    # Figures hold reference cycles: free this text's now, so memory stays flat over texts.
+    gc.collect()
+    return written, existing
+
+
+def _head_figure(task: RenderTask, view: Capture, title: str) -> HeadFigure:
+    from attnviz.render.fast import HeadFigure
+
+    labels = list(view.display_tokens)
+    return HeadFigure(labels, labels, cmap=task.cmap, annot=task.annot, title=title)
+
+
+def _vector_grid(weights: Any, rows: list[str], cols: list[str], tokens: list[str], title: str,
+                 task: RenderTask) -> bytes:
+    import matplotlib.pyplot as plt
+
+    from attnviz.render.fast import figure_bytes, plain_text
+    from attnviz.render.heatmap import draw_grid
+
+    with plain_text():
+        fig = draw_grid(weights, rows, cols, title=title, cmap=task.cmap, tokens=tokens)
+    try:
+        return figure_bytes(fig, task.fmt, task.dpi)
+    finally:
+        plt.close(fig)
+
+
+def _worker_start() -> None:
+    """Import the drawing code in a new worker while the model loads in the main process."""
+    import attnviz.render.fast  # noqa: F401
+
+
+def _warm() -> int:
+    return os.getpid()
+
+
+# --------------------------------------------------------------------------- manifests
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    from attnviz.fileio import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, ensure_ascii=False, indent=1))
+
+
+def _clean_temporaries(folder: Path) -> None:
+    """Remove temporary files an interrupted run (killed mid-write) left behind."""
+    for sub in (folder, folder / HEADS_DIR, folder / LAYERS_DIR):
+        try:
+            entries = list(sub.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.is_file():
+                try:
+                    entry.unlink()
+                except OSError:
+                    pass
+
+
+class _Index:
+    """The run's entries, streamed to a temporary file, then written as index.json/html."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.path = out_dir / f".{INDEX_JSON}.entries.tmp"
+        self.handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in finish
+        self.count = 0
+
+    def add(self, entry: dict[str, Any]) -> None:
+        self.handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        self.handle.flush()
+        self.count += 1
+
+    def _entries(self) -> Iterator[dict[str, Any]]:
+        with open(self.path, encoding="utf-8") as handle:
+            for line in handle:
+                yield json.loads(line)
+
+    def finish(self, header: dict[str, Any]) -> None:
+        """Write index.json and index.html atomically (streamed: memory stays flat)."""
+        from attnviz.fileio import atomic_path
+
+        self.handle.close()
+        try:
+            with atomic_path(self.out_dir / INDEX_JSON) as tmp, \
+                    open(tmp, "w", encoding="utf-8") as out:
+                head = json.dumps(header, ensure_ascii=False, indent=1)
+                out.write(head[:-2] + ',\n "texts": [')
+                for number, entry in enumerate(self._entries()):
+                    out.write(("\n  " if number == 0 else ",\n  ")
+                              + json.dumps(entry, ensure_ascii=False))
+                out.write("\n ]\n}\n")
+            with atomic_path(self.out_dir / INDEX_HTML) as tmp, \
+                    open(tmp, "w", encoding="utf-8") as out:
+                _write_html(out, header, self._entries())
+        finally:
+            self.path.unlink(missing_ok=True)
+
+    def discard(self) -> None:
+        self.handle.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _write_html(out: IO[str], header: dict[str, Any], entries: Iterable[dict[str, Any]]) -> None:
+    from html import escape
+    from urllib.parse import quote
+
+    summary = header.get("summary", {})
+    out.write("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+              "<title>attnviz export</title>\n<style>body{font-family:sans-serif;margin:2em;"
+              "max-width:80em}figure{margin:1.5em 0;border-top:1px solid #ccc;"
+              "padding-top:1em}img{max-width:100%;height:auto}.failed{color:#b00}"
+              "code{background:#f4f4f4}</style></head><body>\n<h1>attnviz export</h1>\n")
+    out.write(f"<p>{escape(str(summary.get('texts', 0)))} texts: "
+              f"{escape(str(summary.get('exported', 0)))} exported, "
+              f"{escape(str(summary.get('skipped', 0)))} skipped, "
+              f"{escape(str(summary.get('failed', 0)))} failed. Settings: "
+              f"<code>{escape(json.dumps(header.get('settings', {}), ensure_ascii=False))}</code>"
+              "</p>\n")
+    for entry in entries:
+        text = str(entry.get("text") or "")
+        shown = text if len(text) <= 300 else text[:300] + "..."
+        folder = entry.get("folder")
+        out.write("<figure>\n")
+        out.write(f"<figcaption><b>{escape(str(entry.get('number')))}.</b> "
+                  f"{escape(shown)}")
+        if entry.get("pair"):
+            out.write(f" | {escape(str(entry['pair'])[:300])}")
+        if folder:
+            out.write(f" &mdash; <a href=\"{quote(folder)}/\">{escape(folder)}/</a>")
+        out.write(f" ({escape(str(entry.get('status')))}")
+        if entry.get("files"):
+            out.write(f", {len(entry['files'])} files")
+        out.write(")</figcaption>\n")
+        if entry.get("error"):
+            out.write(f"<p class=\"failed\">{escape(str(entry['error']))}</p>\n")
+        overview = next((f for f in entry.get("files") or []
+                         if f.rsplit("/", 1)[-1].startswith("overview.")), None)
+        if overview:
+            source = quote(overview)
+            if overview.endswith(".pdf"):
+                out.write(f"<p><a href=\"{source}\">overview (PDF)</a></p>\n")
+            else:
+                out.write(f"<img loading=\"lazy\" src=\"{source}\" alt=\"overview\">\n")
+        out.write("</figure>\n")
+    out.write("</body></html>\n")
+
+
+# --------------------------------------------------------------------------- the exporter
+@dataclass
+class _Pending:
+    """A text whose figures are being drawn."""
+
+    number: int
+    item: ExportItem
+    label: str
+    folder: Path
+    manifest: dict[str, Any]
+    futures: list[Future[tuple[int, int]]]
+    written: int
+    existing: int
+    started: float
+
+
+@dataclass
+class _Ready:
+    """A text already dealt with (failed or skipped): its index entry waits for its turn."""
+
+    entry: dict[str, Any]
+
+
+class _Lookahead:
+    """An iterator that knows whether up to ``size`` more items follow."""
+
+    def __init__(self, items: Iterable[ExportItem], size: int) -> None:
+        self._items = iter(items)
+        self._buffer: collections.deque[ExportItem] = collections.deque()
+        self._size = max(1, size)
+        self._done = False
+
+    def _fill(self) -> None:
+        while not self._done and len(self._buffer) < self._size:
+            try:
+                self._buffer.append(next(self._items))
+            except StopIteration:
+                self._done = True
+
+    def __iter__(self) -> _Lookahead:
+        return self
+
+    def __next__(self) -> ExportItem:
+        self._fill()
+        if not self._buffer:
+            raise StopIteration
+        return self._buffer.popleft()
+
+    def ahead(self) -> int:
+        """Items (of any kind) known to follow, at most ``size``."""
+        self._fill()
+        return len(self._buffer)
+
+
+class Exporter:
+    """Runs one export; see :func:`export_items`."""
+
+    def __init__(self, out_dir: Path, options: ExportOptions, *, spec: ModelSpec | None,
+                 max_tokens: int | None, truncate: bool, use_cache: bool,
+                 progress: ExportProgress) -> None:
+        self.out_dir = out_dir
+        self.options = options
+        self.spec = spec
+        self.max_tokens = max_tokens
+        self.truncate = truncate
+        self.use_cache = use_cache
+        self.progress = progress
+        self.jobs = options.jobs or default_jobs()
+        self.summary = ExportSummary(out_dir)
+        self.settings = options.settings()
+        self._source: AttentionSource | None = None
+        self._pool: Any = None
+        self._seen: dict[str, str] = {}
+        self._pending: collections.deque[_Pending | _Ready] = collections.deque()
+        self._model_settings = self._describe_model()
+
+    # ------------------------------------------------------------------ model
+    def _describe_model(self) -> dict[str, Any]:
+        import dataclasses
+
+        if self.spec is None:
+            return {}
+        return {"name": self.spec.name, "revision": self.spec.revision,
+                "dtype": self.spec.dtype,
+                "toy": dataclasses.asdict(self.spec.toy) if self.spec.toy is not None else None,
+                "max_tokens": self.max_tokens, "truncate": self.truncate}
+
+    def _load(self) -> AttentionSource:
+        if self._source is None:
+            from attnviz.models import load_source
+
+            if self.spec is None:
+                raise UsageError("no model to run texts with")
+            if self.spec.name != "toy":
+                self.progress.note(f"Loading {self.spec.name}...")
+            self._source = load_source(self.spec)
+        return self._source
+
+    def _capture_text(self, text: str, pair: str | None) -> Capture:
+        assert self.spec is not None
+        if self.use_cache:
+            from attnviz.cache import capture_with_cache
+
+            return capture_with_cache(self.spec, text, pair, load=self._load,
+                                      max_tokens=self.max_tokens, truncate=self.truncate,
+                                      write=False)
+        return self._load().capture(text, pair, max_tokens=self.max_tokens,
+                                    truncate=self.truncate)
+
+    def _select(self, capture: Capture) -> Capture:
+        from attnviz.selection import parse_selection
+
+        layers, heads = self.options.layers, self.options.heads
+        if _normal(layers) is None and _normal(heads) is None:
+            return capture
+        return capture.select(
+            parse_selection(layers, capture.num_layers, "layer") if _normal(layers) else None,
+            parse_selection(heads, capture.num_heads, "head") if _normal(heads) else None)
+
+    # ------------------------------------------------------------------ pool
+    def _start_pool(self) -> None:
+        if self.jobs <= 1 or self._pool is not None:
+            return
+        import sys
+
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        if main_file and not os.path.exists(main_file):  # e.g. `python - < script`:
+            self.jobs = 1  # new processes could not re-import the main module
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self._pool = ProcessPoolExecutor(max_workers=self.jobs,
+                                         mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_worker_start)
+        for _ in range(self.jobs):  # start every worker now, while the model loads
+            self._pool.submit(_warm)
+
+    def _stop_pool(self, cancel: bool) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=cancel)
+            self._pool = None
+
+    # ------------------------------------------------------------------ run
+    def run(self, items: Iterable[ExportItem]) -> ExportSummary:
+        from attnviz.fileio import ensure_dir
+
+        started = time.perf_counter()
+        ensure_dir(self.out_dir)
+        stream = _Lookahead(items, self.jobs)
+        if stream.ahead() <= 1 and len(self.options.figures) == 1:
+            self.jobs = 1  # one text, one kind of figure: one frame, nothing to share
+        self._start_pool()
+        index = _Index(self.out_dir)
+        number = 0
+        try:
+            for item in stream:
+                if item.blank:
+                    self.summary.blank += 1
+                    continue
+                number += 1
+                self.summary.texts += 1
+                self._one(number, item, stream.ahead())
+                while self._pending and (self._pool is None or len(self._pending) > self.jobs
+                                         or isinstance(self._pending[0], _Ready)):
+                    self._finish(self._pending.popleft(), index)
+            while self._pending:
+                self._finish(self._pending.popleft(), index)
+        except BaseException:
+            self._stop_pool(cancel=True)
+            self.summary.seconds = time.perf_counter() - started
+            if index.count:  # what finished before the interruption stays listed
+                self._write_index(index)
+            else:
+                index.discard()
+            raise
+        self._stop_pool(cancel=False)
+        self.summary.seconds = time.perf_counter() - started
+        self._write_index(index)
+        return self.summary
+
+    def _write_index(self, index: _Index) -> None:
+        summary = self.summary
+        header = {
+            "format": "attnviz-export-index", "format_version": 1, "attnviz": __version__,
+            "settings": {**self.settings, "model": self._model_settings},
+            "summary": {"texts": summary.texts, "exported": summary.exported,
+                        "skipped": summary.skipped, "failed": summary.failed,
+                        "blank": summary.blank, "files_written": summary.files_written,
+                        "files_skipped": summary.files_skipped,
+                        "seconds": round(summary.seconds, 3)},
+        }
+        try:
+            index.finish(header)
+        except AttnvizError:
+            index.discard()
+            raise
+
+    def _fail(self, number: int, item: ExportItem, label: str, message: str,
+              folder: str | None = None) -> dict[str, Any]:
+        self.summary.add_failure(item.origin or label, message)
+        self.progress.end_text(label, "failed", message)
+        return {"number": number, "origin": item.origin, "id": item.id, "text": item.text,
+                "pair": item.pair, "folder": folder, "status": "failed", "error": message,
+                "files": []}
+
+    def _one(self, number: int, item: ExportItem, ahead: int) -> None:
+        from attnviz.errors import DeviceError, ModelLoadError
+
+        label = item.origin or f"text {number}"
+        if item.error:
+            self._pending.append(_Ready(self._fail(number, item, label, item.error)))
+            return
+        try:
+            self._prepare(number, item, label, ahead)
+        except UsageError as error:
+            if item.dump is None and not isinstance(error, InputError):
+                raise  # a selection that does not fit the model fits no text: stop
+            self._pending.append(_Ready(self._fail(number, item, label, error.message)))
+        except AttnvizError as error:
+            if isinstance(error, OutputError):
+                raise  # the output folder is not writable: every text would fail
+            if isinstance(error, (ModelLoadError, DeviceError)) and self._source is None \
+                    and item.dump is None:
+                raise  # the model cannot be loaded: every text would fail
+            self._pending.append(_Ready(self._fail(number, item, label, error.message)))
+
+    def _prepare(self, number: int, item: ExportItem, label: str, ahead: int) -> None:
+        from attnviz.capture import load_capture
+
+        options = self.options
+        dump_capture: Capture | None = None
+        if item.dump is not None:
+            dump_capture = load_capture(item.dump, mmap=True)
+            text, pair = dump_capture.text, dump_capture.pair
+            source = {"dump": dump_capture.model}
+            name = folder_name(text, pair, item.id, salt=f"dump:{dump_capture.model}")
+        else:
+            text, pair = item.text or "", item.pair
+            check_text(text)
+            if pair is not None:
+                check_text(pair, "the pair")
+            source = self._model_settings
+            name = folder_name(text, pair, item.id)
+        identity = json.dumps([text, pair, source], ensure_ascii=False)
+        key = name.lower()
+        previous = self._seen.get(key)
+        if previous is not None:
+            if previous == identity:
+                self.summary.skipped += 1
+                self.progress.end_text(label, "skipped", f"the same text as before ({name})")
+                self._pending.append(_Ready({
+                    "number": number, "origin": item.origin, "id": item.id, "text": text,
+                    "pair": pair, "folder": name, "status": "duplicate", "files": []}))
+                return
+            raise InputError(f"{label}: id {item.id!r} is used by another text in this input",
+                             "give every JSONL line its own id")
+        self._seen[key] = identity
+        folder = self.out_dir / name
+        settings = {**self.settings, "source": source}
+        manifest = _read_json(folder / MANIFEST)
+        same = (manifest is not None and manifest.get("format") == MANIFEST_FORMAT
+                and manifest.get("settings") == settings and manifest.get("text") == text
+                and manifest.get("pair") == pair)
+        if same and not options.force and manifest is not None and manifest.get("complete") \
+                and all((folder / f).is_file() for f in manifest.get("files", [])):
+            self.summary.skipped += 1
+            self.summary.files_skipped += len(manifest.get("files", []))
+            self.progress.end_text(label, "skipped", f"complete from an earlier run ({name})")
+            self._pending.append(_Ready(self._entry(number, item, name, manifest, "skipped")))
+            return
+        resume = same and not options.force
+        if folder.exists():
+            _clean_temporaries(folder)
+            if not resume:
+                self._remove_outputs(folder)
+        capture: Capture | None = None
+        if resume and (folder / "capture.json").is_file():
+            try:
+                capture = load_capture(folder, mmap=True)
+            except AttnvizError:
+                capture = None
+        if capture is None:
+            for stale in ("capture.json", "attention.npy"):
+                (folder / stale).unlink(missing_ok=True)
+            if dump_capture is not None:
+                capture = self._select(dump_capture)
+            else:
+                capture = self._select(self._capture_text(text, pair))
+            for message in capture.meta.get("warnings", []):
+                self.progress.note(f"{label}: {message}")
+        manifest = {
+            "format": MANIFEST_FORMAT, "format_version": 1, "attnviz": __version__,
+            "complete": False, "settings": settings, "origin": item.origin, "id": item.id,
+            "text": text, "pair": pair, "model": capture.model,
+            "num_tokens": capture.num_tokens, "layers": list(capture.layers),
+            "heads": list(capture.heads), "files": [],
+        }
+        _write_json(folder / MANIFEST, manifest)
+        written = existing = 0
+        if (folder / "capture.json").is_file() and (folder / "attention.npy").is_file():
+            existing += 2
+        else:
+            capture.save(folder)
+            written += 2
+        view = capture
+        if options.words:
+            from attnviz.analysis.tokens import merge_words
+
+            view = merge_words(view)
+        if options.exclude_special:
+            from attnviz.analysis.tokens import exclude_special
+
+            view = exclude_special(view)
+        if (folder / TOPK_CSV).is_file():
+            existing += 1
+        else:
+            import numpy as np
+
+            from attnviz.analysis.topk import topk_csv
+
+            _write(folder / TOPK_CSV, topk_csv(np.asarray(view.weights), list(view.layers),
+                                               list(view.heads), list(view.display_tokens),
+                                               options.top_k).encode("utf-8"))
+            written += 1
+        tasks = self._tasks(folder, capture, ahead)
+        files = ["attention.npy", "capture.json", TOPK_CSV]
+        digits = _digits(capture)
+        heads = [(layer, head) for layer in capture.layers for head in capture.heads]
+        if "heads" in options.figures:
+            files += [head_file(layer, head, options.fmt, digits) for layer, head in heads]
+        if "layers" in options.figures:
+            files += [layer_file(layer, options.fmt, digits) for layer in capture.layers]
+        if "overview" in options.figures:
+            files.append(overview_file(options.fmt))
+        manifest["files"] = files
+        total = sum(task.count for task in tasks)
+        self.progress.begin_text(label, total)
+        pending = _Pending(number, item, label, folder, manifest, [], written, existing,
+                           time.perf_counter())
+        del capture, view, dump_capture  # the workers read the capture from disk
+        if self._pool is None:
+            for task in tasks:
+                done, kept = render_task(task, self.progress.advance)
+                pending.written += done
+                pending.existing += kept
+                self.progress.advance(kept)
+        else:
+            pending.futures = [self._pool.submit(render_task, task) for task in tasks]
+        self._pending.append(pending)
+
+    def _remove_outputs(self, folder: Path) -> None:
+        """Drop the files of an export made with other settings (only names this module
+        writes, so nothing else in the folder is touched)."""
+        candidates = [folder / MANIFEST, folder / TOPK_CSV, folder / "attention.npy",
+                      folder / "capture.json"]
+        for fmt in FORMATS:
+            candidates.append(folder / overview_file(fmt))
+        for sub in (HEADS_DIR, LAYERS_DIR):
+            try:
+                candidates += [p for p in (folder / sub).iterdir()
+                               if p.suffix.lstrip(".") in FORMATS and p.name.startswith("L")]
+            except OSError:
+                pass
+        for path in candidates:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise OutputError(f"cannot replace {path}: {exc.strerror or exc}") from None
+
+    def _tasks(self, folder: Path, capture: Capture, ahead: int) -> list[RenderTask]:
+        options = self.options
+        heads = ([(layer, head) for layer in capture.layers for head in capture.heads]
+                 if "heads" in options.figures else [])
+        layers = list(capture.layers) if "layers" in options.figures else []
+        overview = "overview" in options.figures
+
+        def task(head_part: Sequence[tuple[int, int]], layer_part: Sequence[int],
+                 with_overview: bool) -> RenderTask:
+            return RenderTask(str(folder), tuple(head_part), tuple(layer_part), with_overview,
+                              options.fmt, options.dpi, options.cmap, options.annot,
+                              options.words, options.exclude_special)
+
+        # Enough texts to keep every worker busy: one task per text, so each frame is drawn
+        # once. Otherwise the workers share this text: the overview, the layer grids and the
+        # heads go to different workers (each kind has its own frame); a model with hundreds
+        # of heads also splits its heads (a frame costs about as much as ~50 heads).
+        if self._pool is None or ahead + 1 >= self.jobs:
+            return [task(heads, layers, overview)]
+        tasks = [task([], [], True)] if overview else []
+        chunks = max(1, min(self.jobs, len(heads) // HEADS_PER_SPLIT))
+        size = max(1, -(-len(heads) // chunks))
+        tasks += [task(heads[start:start + size], [], False)
+                  for start in range(0, len(heads), size)]
+        if layers:
+            tasks.append(task([], layers, False))
+        return tasks
+
+    def _finish(self, pending: _Pending | _Ready, index: _Index) -> None:
+        if isinstance(pending, _Ready):
+            index.add(pending.entry)
+            return
+        error: AttnvizError | None = None
+        for future in pending.futures:
+            try:
+                done, kept = future.result()
+            except AttnvizError as exc:
+                error = error or exc
+                continue
+            except Exception as exc:
+                from concurrent.futures.process import BrokenProcessPool
+
+                if isinstance(exc, BrokenProcessPool):
+                    raise AttnvizError(
+                        "a drawing process stopped unexpectedly (killed, or out of memory)",
+                        "run the same command again to finish the export; --jobs 1 draws in "
+                        "one process and needs the least memory") from None
+                raise
+            pending.written += done
+            pending.existing += kept
+            self.progress.advance(done + kept)
+        self.summary.files_written += pending.written
+        self.summary.files_skipped += pending.existing
+        name = pending.folder.name
+        if isinstance(error, OutputError):
+            raise error  # the output folder is not writable: every text would fail
+        if error is not None:
+            index.add(self._fail(pending.number, pending.item, pending.label, error.message,
+                                 folder=name))
+            return
+        missing = [f for f in pending.manifest["files"] if not (pending.folder / f).is_file()]
+        if missing:
+            index.add(self._fail(pending.number, pending.item, pending.label,
+                                 f"{len(missing)} files were not written (first: {missing[0]})",
+                                 folder=name))
+            return
+        pending.manifest["complete"] = True
+        _write_json(pending.folder / MANIFEST, pending.manifest)
+        self.summary.files_written += 1
+        self.summary.exported += 1
+        seconds = time.perf_counter() - pending.started
+        self.progress.end_text(pending.label, "exported",
+                               f"{name}: {pending.written + 1} files written, "
+                               f"{pending.existing} kept ({seconds:.1f} s)")
+        index.add(self._entry(pending.number, pending.item, name, pending.manifest, "exported"))
+
+    def _entry(self, number: int, item: ExportItem, name: str, manifest: dict[str, Any],
+               status: str) -> dict[str, Any]:
+        return {"number": number, "origin": item.origin, "id": item.id,
+                "text": manifest.get("text"), "pair": manifest.get("pair"), "folder": name,
+                "status": status, "num_tokens": manifest.get("num_tokens"),
+                "files": [f"{name}/{f}" for f in [*manifest.get("files", []), MANIFEST]]}
+
+
+def export_items(items: Iterable[ExportItem], out_dir: Path | str,
+                 options: ExportOptions | None = None, *, spec: ModelSpec | None = None,
+                 max_tokens: int | None = None, truncate: bool = True, use_cache: bool = True,
+                 progress: ExportProgress | None = None) -> ExportSummary:
+    """Export every item (texts and saved captures) to ``out_dir``.
+
+    Args:
+        items: the inputs, e.g. from :func:`read_input`; read lazily.
+        out_dir: the output folder (created if needed).
+        options: what to draw and how.
+        spec: the model texts run through (default: the bundled MiniLM).
+        max_tokens: token limit per text; ``truncate``: cut past it instead of failing.
+        use_cache: look texts up in the capture cache before running the model (the export
+            folder keeps each capture, so nothing new is written to the cache).
+        progress: receives progress events.
+
+    Returns:
+        The summary; ``summary.failed`` texts were reported and skipped.
+
+    Raises:
+        UsageError: a selection or option fits no text (nothing is exported).
+        OutputError: the output folder cannot be written.
+    """
+    from attnviz.models import ModelSpec
+
+    options = options or ExportOptions()
+    options.check()
+    exporter = Exporter(Path(out_dir), options, spec=spec or ModelSpec(), max_tokens=max_tokens,
+                        truncate=truncate, use_cache=use_cache,
+                        progress=progress or ExportProgress())
+    return exporter.run(items)
+
+
+def export_texts(texts: Iterable[str], out_dir: Path | str, *, model: str | None = None,
+                 **options: Any) -> ExportSummary:
+    """Export every head of each text: ``export_texts(["The cat sat"], "out")``.
+
+    Keyword options are the fields of :class:`ExportOptions` (``fmt``, ``dpi``, ``cmap``,
+    ``layers``, ``heads``, ``words``, ``exclude_special``, ``annot``, ``top_k``, ``figures``,
+    ``jobs``, ``force``) and ``spec``, ``max_tokens``, ``truncate``, ``use_cache``,
+    ``progress`` of :func:`export_items`.
+    """
+    from attnviz.models import ModelSpec
+
+    option_names = set(ExportOptions.__dataclass_fields__)
+    export_options = ExportOptions(**{k: v for k, v in options.items() if k in option_names})
+    rest = {k: v for k, v in options.items() if k not in option_names}
+    if model is not None and "spec" not in rest:
+        rest["spec"] = ModelSpec(name=model)
+    items = (ExportItem(text=text, origin=f"text {n}") for n, text in enumerate(texts, 1))
+    return export_items(items, out_dir, export_options, **rest)
