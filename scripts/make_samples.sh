@@ -30,6 +30,10 @@ attnviz heatmap "$T" --model toy --toy-heads 2 --d-model 16 --layer 0 --head 0 -
 attnviz heatmap "$T" --model toy --toy-heads 1 --d-model 64 --layer 0 --head 0 --no-scale \
   -o "$out/toy_no_scale.png"
 
+# Batch export: one head figure from the fast renderer.
+attnviz export "$S" "A dog barked at the moon" --layers 1 --jobs 1 -o "$out/.tmp/export" >/dev/null
+cp "$out/.tmp/export/"a-dog-barked*/heads/L01_H08.png "$out/export_head_L1_H8.png"
+
 # Head analysis: statistics plot and table, rollout, compare, explain.
 W="The cat sat on the mat because it was warm."
 attnviz heads "$W" --plot "$out/heads_entropy.png" --stat entropy --format markdown \
