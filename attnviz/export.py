@@ -52,6 +52,7 @@ HEADS_DIR = "heads"
 LAYERS_DIR = "layers"
 FORMATS = ("png", "svg", "pdf")
 FIGURES = ("heads", "layers", "overview")
+REPORT_HTML = "report.html"
 MANIFEST_FORMAT = "attnviz-export"
 SLUG_LENGTH = 40
 ID_LENGTH = 60
@@ -250,6 +251,8 @@ class ExportOptions:
         figures: which figures to draw: any of ``heads``, ``layers``, ``overview``.
         jobs: worker processes; ``None``: the number of cores; 1 draws in this process.
         force: redraw everything, even what an earlier run finished.
+        batch_size: texts per forward pass of the model (padded batches; 1: one by one).
+        html: also write ``report.html``, the interactive report of every exported text.
     """
 
     fmt: str = "png"
@@ -264,6 +267,8 @@ class ExportOptions:
     figures: tuple[str, ...] = FIGURES
     jobs: int | None = None
     force: bool = False
+    batch_size: int = 8
+    html: bool = False
 
     def check(self) -> None:
         """Raise :class:`UsageError` for impossible values."""
@@ -281,10 +286,15 @@ class ExportOptions:
                              f"choose from {', '.join(FIGURES)}")
         if self.jobs is not None and self.jobs < 1:
             raise UsageError("--jobs must be at least 1")
+        if self.batch_size < 1:
+            raise UsageError("--batch-size must be at least 1")
         check_cmap(self.cmap)
 
     def settings(self) -> dict[str, Any]:
-        """What decides the files' content (a re-run with other settings redraws)."""
+        """What decides the files' content (a re-run with other settings redraws).
+
+        ``batch_size`` and ``html`` are left out: they change no text's files.
+        """
         return {
             "format": self.fmt, "dpi": self.dpi, "cmap": self.cmap,
             "layers": _normal(self.layers), "heads": _normal(self.heads),
@@ -341,6 +351,7 @@ class ExportSummary:
     files_skipped: int = 0
     seconds: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)  # (origin, message)
+    report: Path | None = None  # report.html, with ``html=True``
 
     def add_failure(self, origin: str, message: str) -> None:
         self.failed += 1
@@ -582,7 +593,7 @@ class _Index:
         self.handle.flush()
         self.count += 1
 
-    def _entries(self) -> Iterator[dict[str, Any]]:
+    def entries(self) -> Iterator[dict[str, Any]]:
         with open(self.path, encoding="utf-8") as handle:
             for line in handle:
                 yield json.loads(line)
@@ -597,13 +608,13 @@ class _Index:
                     open(tmp, "w", encoding="utf-8") as out:
                 head = json.dumps(header, ensure_ascii=False, indent=1)
                 out.write(head[:-2] + ',\n "texts": [')
-                for number, entry in enumerate(self._entries()):
+                for number, entry in enumerate(self.entries()):
                     out.write(("\n  " if number == 0 else ",\n  ")
                               + json.dumps(entry, ensure_ascii=False))
                 out.write("\n ]\n}\n")
             with atomic_path(self.out_dir / INDEX_HTML) as tmp, \
                     open(tmp, "w", encoding="utf-8") as out:
-                _write_html(out, header, self._entries())
+                _write_html(out, header, self.entries())
         finally:
             self.path.unlink(missing_ok=True)
 
@@ -628,6 +639,10 @@ def _write_html(out: IO[str], header: dict[str, Any], entries: Iterable[dict[str
               f"{escape(str(summary.get('failed', 0)))} failed. Settings: "
               f"<code>{escape(json.dumps(header.get('settings', {}), ensure_ascii=False))}</code>"
               "</p>\n")
+    if header.get("report"):
+        report = str(header["report"])
+        out.write(f"<p>Interactive report of every text: <a href=\"{quote(report)}\">"
+                  f"{escape(report)}</a></p>\n")
     for entry in entries:
         text = str(entry.get("text") or "")
         shown = text if len(text) <= 300 else text[:300] + "..."
@@ -710,6 +725,11 @@ class _Lookahead:
         self._fill()
         return len(self._buffer)
 
+    def peek(self) -> list[ExportItem]:
+        """The items known to follow (at most ``size``), without taking them."""
+        self._fill()
+        return list(self._buffer)
+
 
 class Exporter:
     """Runs one export; see :func:`export_items`."""
@@ -732,6 +752,10 @@ class Exporter:
         self._seen: dict[str, str] = {}
         self._pending: collections.deque[_Pending | _Ready] = collections.deque()
         self._model_settings = self._describe_model()
+        self.batch_size = options.batch_size
+        self._stream: _Lookahead | None = None
+        # Captures of texts further down the input, from the last batch (at most batch_size).
+        self._prefetched: dict[int, tuple[ExportItem, Capture | InputError]] = {}
 
     # ------------------------------------------------------------------ model
     def _describe_model(self) -> dict[str, Any]:
@@ -765,6 +789,72 @@ class Exporter:
                                       write=False)
         return self._load().capture(text, pair, max_tokens=self.max_tokens,
                                     truncate=self.truncate)
+
+    def _capture_item(self, item: ExportItem, text: str, pair: str | None) -> Capture:
+        """The capture of a text item: from the current batch, else from a new one."""
+        if self.batch_size > 1 and self.spec is not None:
+            entry = self._prefetched.get(id(item))
+            if entry is None or entry[0] is not item:
+                self._prefetch(item, text, pair)
+                entry = self._prefetched.get(id(item))
+            if entry is not None and entry[0] is item:
+                result = entry[1]
+                if isinstance(result, InputError):
+                    raise result
+                return result
+        return self._capture_text(text, pair)
+
+    def _prefetch(self, item: ExportItem, text: str, pair: str | None) -> None:
+        """Capture ``item`` and the next texts that will need the model in one batch."""
+        from attnviz.analysis.corpus import capture_batches
+
+        assert self.spec is not None
+        self._prefetched.clear()
+        batch = [item]
+        names = {folder_name(text, pair, item.id).lower()}
+        for other in self._stream.peek() if self._stream is not None else []:
+            if len(batch) >= self.batch_size:
+                break
+            name = self._needs_model(other)
+            if name is not None and name not in names:
+                names.add(name)
+                batch.append(other)
+        texts = [(text, pair)] + [(other.text or "", other.pair) for other in batch[1:]]
+        try:
+            for other, result in zip(batch, capture_batches(
+                    self.spec, texts, load=self._load, batch_size=self.batch_size,
+                    max_tokens=self.max_tokens, truncate=self.truncate,
+                    use_cache=self.use_cache, write=False)):
+                self._prefetched[id(other)] = (other, result)
+        except InputError:
+            pass  # the texts left run one by one, where the error is reported as usual
+
+    def _needs_model(self, item: ExportItem) -> str | None:
+        """The folder name (lower case) of a text item that will run through the model."""
+        if item.blank or item.error or item.dump is not None or item.text is None:
+            return None
+        try:
+            check_text(item.text)
+            if item.pair is not None:
+                check_text(item.pair, "the pair")
+        except InputError:
+            return None
+        name = folder_name(item.text, item.pair, item.id)
+        if name.lower() in self._seen:
+            return None
+        folder = self.out_dir / name
+        if not self.options.force and (folder / "capture.json").is_file() and self._same_export(
+                _read_json(folder / MANIFEST), {**self.settings, "source": self._model_settings},
+                item.text, item.pair):
+            return None  # complete or resumable: its saved capture is used
+        return name.lower()
+
+    @staticmethod
+    def _same_export(manifest: dict[str, Any] | None, settings: dict[str, Any], text: str,
+                     pair: str | None) -> bool:
+        return (manifest is not None and manifest.get("format") == MANIFEST_FORMAT
+                and manifest.get("settings") == settings and manifest.get("text") == text
+                and manifest.get("pair") == pair)
 
     def _select(self, capture: Capture) -> Capture:
         from attnviz.selection import parse_selection
@@ -806,7 +896,8 @@ class Exporter:
 
         started = time.perf_counter()
         ensure_dir(self.out_dir)
-        stream = _Lookahead(items, self.jobs)
+        stream = _Lookahead(items, max(self.jobs, self.batch_size))
+        self._stream = stream
         if stream.ahead() <= 1 and len(self.options.figures) == 1:
             self.jobs = 1  # one text, one kind of figure: one frame, nothing to share
         self._start_pool()
@@ -825,6 +916,9 @@ class Exporter:
                     self._finish(self._pending.popleft(), index)
             while self._pending:
                 self._finish(self._pending.popleft(), index)
+            self._prefetched.clear()
+            if self.options.html:
+                self._write_report(index)
         except BaseException:
             self._stop_pool(cancel=True)
             self.summary.seconds = time.perf_counter() - started
@@ -838,6 +932,23 @@ class Exporter:
         self._write_index(index)
         return self.summary
 
+    def _write_report(self, index: _Index) -> None:
+        """Write report.html from the saved captures of every exported text (memory-mapped)."""
+        from attnviz.capture import load_capture
+        from attnviz.render.html import write_report
+
+        folders = list(dict.fromkeys(
+            entry["folder"] for entry in index.entries()
+            if entry.get("status") in ("exported", "skipped") and entry.get("folder")))
+        if not folders:
+            self.progress.note("no text was exported, so no report.html was written")
+            return
+        captures = [load_capture(self.out_dir / name, mmap=True) for name in folders]
+        self.summary.report = write_report(
+            captures, self.out_dir / REPORT_HTML, top_k=self.options.top_k,
+            words=self.options.words, exclude_special=self.options.exclude_special)
+        self.summary.files_written += 1
+
     def _write_index(self, index: _Index) -> None:
         summary = self.summary
         header = {
@@ -849,6 +960,8 @@ class Exporter:
                         "files_skipped": summary.files_skipped,
                         "seconds": round(summary.seconds, 3)},
         }
+        if summary.report is not None:
+            header["report"] = summary.report.name
         try:
             index.finish(header)
         except AttnvizError:
@@ -883,6 +996,8 @@ class Exporter:
                     and item.dump is None:
                 raise  # the model cannot be loaded: every text would fail
             self._pending.append(_Ready(self._fail(number, item, label, error.message)))
+        finally:
+            self._prefetched.pop(id(item), None)  # drawn from disk now: free its capture
 
     def _prepare(self, number: int, item: ExportItem, label: str, ahead: int) -> None:
         from attnviz.capture import load_capture
@@ -918,9 +1033,7 @@ class Exporter:
         folder = self.out_dir / name
         settings = {**self.settings, "source": source}
         manifest = _read_json(folder / MANIFEST)
-        same = (manifest is not None and manifest.get("format") == MANIFEST_FORMAT
-                and manifest.get("settings") == settings and manifest.get("text") == text
-                and manifest.get("pair") == pair)
+        same = self._same_export(manifest, settings, text, pair)
         if same and not options.force and manifest is not None and manifest.get("complete") \
                 and all((folder / f).is_file() for f in manifest.get("files", [])):
             self.summary.skipped += 1
@@ -945,7 +1058,7 @@ class Exporter:
             if dump_capture is not None:
                 capture = self._select(dump_capture)
             else:
-                capture = self._select(self._capture_text(text, pair))
+                capture = self._select(self._capture_item(item, text, pair))
             for message in capture.meta.get("warnings", []):
                 self.progress.note(f"{label}: {message}")
         manifest = {
@@ -980,7 +1093,8 @@ class Exporter:
 
             _write(folder / TOPK_CSV, topk_csv(np.asarray(view.weights), list(view.layers),
                                                list(view.heads), list(view.display_tokens),
-                                               options.top_k).encode("utf-8"))
+                                               options.top_k, causal=view.causal
+                                               ).encode("utf-8"))
             written += 1
         tasks = self._tasks(folder, capture, ahead)
         files = ["attention.npy", "capture.json", TOPK_CSV]

@@ -67,7 +67,9 @@ def test_two_texts_with_minilm(invoke, minilm, monkeypatch: pytest.MonkeyPatch,
         folder = out / entry["folder"]
         assert NAME.match(entry["folder"]) and entry["status"] == "exported"
         direct = minilm.capture(text).select([0, 5], [0, 1, 2])
-        np.testing.assert_array_equal(np.load(folder / "attention.npy"), direct.weights)
+        # Texts run in padded batches (--batch-size 8): equal to a lone run within float error.
+        np.testing.assert_allclose(np.load(folder / "attention.npy"), direct.weights,
+                                   rtol=0, atol=1e-5)
         sidecar = json.loads((folder / "capture.json").read_text(encoding="utf-8"))
         assert sidecar["tokens"] == direct.tokens and sidecar["layers"] == [0, 5]
         expected = {"attention.npy", "capture.json", "topk.csv", "export.json",

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnviz.analysis.stats import StatSums, stat_sums
 from attnviz.analysis.tokens import token_view
 from attnviz.capture import Capture
-from attnviz.errors import InputError
+from attnviz.errors import AttnvizError, InputError
+
+if TYPE_CHECKING:
+    from attnviz.models import AttentionSource, ModelSpec
 
 #: One text of a corpus and its optional pair sentence.
 CorpusText = tuple[str, str | None]
@@ -95,10 +99,138 @@ class CorpusStats:
     failed: int = 0
 
 
+def capture_batches(spec: ModelSpec, texts: Sequence[CorpusText], *,
+                    load: Callable[[], AttentionSource], batch_size: int = 8,
+                    layers: str | None = None, heads: str | None = None,
+                    max_tokens: int | None = None, truncate: bool = True,
+                    use_cache: bool = True, write: bool = True,
+                    check: Callable[[str, str | None], None] | None = None,
+                    warn: Callable[[str], None] | None = None
+                    ) -> Iterator[Capture | InputError]:
+    """One capture (weights ``[layer, head, query, key]``) or error per text, in order.
+
+    Texts are taken ``batch_size`` at a time: those in the capture cache come from it, the rest
+    run through the model in one padded batch (:func:`~attnviz.models.capture_many`). When that
+    batch fails because of one text, its texts are captured one by one, so the bad text gets its
+    own :class:`InputError` and the others their captures. Only one batch of captures is held
+    at a time.
+
+    Args:
+        spec: the model (for cache keys); ``load`` returns it loaded, on the first cache miss.
+        texts: ``(text, pair)`` tuples.
+        batch_size: texts per forward pass.
+        layers: layer selection such as ``"0,2-4"``; ``heads`` likewise (``None``: all).
+        max_tokens: token limit; ``truncate`` whether to cut past it or fail.
+        use_cache: look texts up in the capture cache; ``write``: keep fresh captures there.
+        check: raises :class:`InputError` for a text (and pair) the model cannot use.
+        warn: called when the cache cannot be written.
+
+    Raises:
+        UsageError: a selection fits no text of this model.
+        ModelLoadError: the model cannot be loaded.
+    """
+    from attnviz.errors import UsageError
+
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    for start in range(0, len(texts), batch_size):
+        chunk = texts[start:start + batch_size]
+        results: list[Capture | InputError | None] = [None] * len(chunk)
+        for i, (text, pair) in enumerate(chunk):
+            if check is not None:
+                try:
+                    check(text, pair)
+                except InputError as error:
+                    results[i] = error
+                    continue
+            if use_cache:
+                results[i] = _cached(spec, text, pair, layers, heads, max_tokens, truncate)
+        misses = [i for i, result in enumerate(results) if result is None]
+        if misses:
+            for i, result in zip(misses, _run_batch(load(), [chunk[i] for i in misses],
+                                                    layers, heads, max_tokens, truncate)):
+                results[i] = result
+                if use_cache and write and isinstance(result, Capture):
+                    _keep(spec, chunk[i], result, layers, heads, max_tokens, truncate, warn)
+        yield from (result for result in results if result is not None)
+
+
+def _cached(spec: ModelSpec, text: str, pair: str | None, layers: str | None,
+            heads: str | None, max_tokens: int | None, truncate: bool) -> Capture | None:
+    """The cached capture of a request, as :func:`attnviz.cache.capture_with_cache` finds it."""
+    from attnviz.cache import capture_key, lookup
+    from attnviz.selection import parse_selection
+
+    try:
+        full = capture_key(spec, text, pair, max_tokens=max_tokens, truncate=truncate)
+        own = capture_key(spec, text, pair, max_tokens=max_tokens, truncate=truncate,
+                          layers=layers, heads=heads)
+    except (OSError, ValueError):  # an unreadable model folder: let loading report it
+        return None
+    for key in dict.fromkeys((full, own)):
+        hit = lookup(key)
+        if hit is None:
+            continue
+        if key == full and key != own:
+            hit = hit.select(
+                parse_selection(layers, hit.num_layers, "layer") if layers else None,
+                parse_selection(heads, hit.num_heads, "head") if heads else None)
+        return hit
+    return None
+
+
+def _keep(spec: ModelSpec, text: CorpusText, capture: Capture, layers: str | None,
+          heads: str | None, max_tokens: int | None, truncate: bool,
+          warn: Callable[[str], None] | None) -> None:
+    from attnviz.cache import capture_key, store
+
+    try:
+        key = capture_key(spec, text[0], text[1], max_tokens=max_tokens, truncate=truncate,
+                          layers=layers, heads=heads)
+        store(key, capture)
+    except (OSError, ValueError):
+        return
+    except AttnvizError as error:
+        if warn is not None:
+            warn(f"could not keep the capture in the cache ({error.message}); "
+                 "use --no-cache to stop trying")
+
+
+def _run_batch(source: AttentionSource, texts: Sequence[CorpusText], layers: str | None,
+               heads: str | None, max_tokens: int | None, truncate: bool
+               ) -> list[Capture | InputError]:
+    """Capture ``texts`` in one batch; when one text spoils it, one by one."""
+    from attnviz.models import capture_many
+    from attnviz.selection import parse_selection
+
+    layer_list = parse_selection(layers, source.num_layers, "layer") if layers else None
+    head_list = parse_selection(heads, source.num_heads, "head") if heads else None
+    pairs = [pair for _, pair in texts]
+    try:
+        return list(capture_many(source, [text for text, _ in texts],
+                                 None if all(p is None for p in pairs) else pairs,
+                                 batch_size=len(texts), layers=layer_list, heads=head_list,
+                                 max_tokens=max_tokens, truncate=truncate))
+    except InputError as error:
+        if len(texts) == 1:
+            return [error]
+    results: list[Capture | InputError] = []
+    for text, pair in texts:
+        try:
+            results.append(source.capture(text, pair, layers=layer_list, heads=head_list,
+                                          max_tokens=max_tokens, truncate=truncate))
+        except InputError as error:
+            results.append(error)
+    return results
+
+
 def corpus_stats(texts: Sequence[CorpusText], capture_text: Callable[[str, str | None], Capture],
                  *, words: bool = False, exclude_special: bool = False,
                  warn: Callable[[str], None] | None = None,
-                 advance: Callable[[], None] | None = None) -> CorpusStats:
+                 advance: Callable[[], None] | None = None,
+                 capture_all: Callable[[Sequence[CorpusText]],
+                                       Iterable[Capture | InputError]] | None = None
+                 ) -> CorpusStats:
     """Capture every text and add up its head statistics.
 
     A text whose capture raises :class:`InputError` is skipped with a warning (when there is more
@@ -112,6 +244,8 @@ def corpus_stats(texts: Sequence[CorpusText], capture_text: Callable[[str, str |
         exclude_special: drop special tokens (rows renormalised) before the statistics.
         warn: called with each warning: a skipped text, and the capture's own warnings.
         advance: called once per text, used or skipped (for a progress bar).
+        capture_all: instead of ``capture_text``, returns every text's capture or
+            :class:`InputError` in order, lazily (e.g. :func:`capture_batches`).
 
     Returns:
         The sums, the last view and the number of skipped texts.
@@ -122,12 +256,13 @@ def corpus_stats(texts: Sequence[CorpusText], capture_text: Callable[[str, str |
     total: StatSums | None = None
     view: Capture | None = None
     failed = 0
-    for text, pair in texts:
-        try:
-            capture = capture_text(text, pair)
-        except InputError as error:
+    results = (capture_all(texts) if capture_all is not None
+               else _one_by_one(texts, capture_text))
+    for (text, _pair), capture in zip(texts, results):
+        if isinstance(capture, InputError):
+            error = capture
             if len(texts) == 1:
-                raise
+                raise error
             failed += 1
             if warn is not None:
                 warn(f"skipped a text ({error.message}): {text[:60]!r}")
@@ -145,3 +280,12 @@ def corpus_stats(texts: Sequence[CorpusText], capture_text: Callable[[str, str |
     if total is None or view is None:
         raise InputError("no text of the input could be used", "check the input file")
     return CorpusStats(total, view, failed)
+
+
+def _one_by_one(texts: Sequence[CorpusText], capture_text: Callable[[str, str | None], Capture]
+                ) -> Iterator[Capture | InputError]:
+    for text, pair in texts:
+        try:
+            yield capture_text(text, pair)
+        except InputError as error:
+            yield error

@@ -186,7 +186,8 @@ def _report(summary: ExportSummary) -> None:
         f"({summary.exported} exported, {summary.skipped} skipped, {summary.failed} failed"
         + (f", {summary.blank} blank lines" if summary.blank else "")
         + f"); {summary.files_written} files written, {summary.files_skipped} kept; "
-        f"{summary.seconds:.1f} s. Index: {summary.out_dir / 'index.html'}",
+        f"{summary.seconds:.1f} s. Index: {summary.out_dir / 'index.html'}"
+        + (f"; report: {summary.report}" if summary.report is not None else ""),
         markup=False)
     if summary.failed:
         from rich.markup import escape
@@ -243,12 +244,21 @@ def export(
     force: Annotated[bool, typer.Option(
         "--force", rich_help_panel=OUTPUT_PANEL,
         help="Redraw everything, even texts an earlier run finished.")] = False,
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", min=1, rich_help_panel=INPUT_PANEL,
+        help="Texts per forward pass of the model (padded batches; 1 runs them one by one). "
+             "Texts from the cache or --from skip the model.")] = 8,
+    html: Annotated[bool, typer.Option(
+        "--html", rich_help_panel=OUTPUT_PANEL,
+        help="Also write OUT_DIR/report.html: the interactive report of every exported "
+             "text.")] = False,
 ) -> None:
     """Export every head of many texts: images, grids, overview, capture, top-k.
 
     Each text gets a folder (a slug of the text plus a hash, or the JSONL id):
     heads/L00_H00.png ..., layers/L00.png ..., overview.png, attention.npy,
-    capture.json and topk.csv. OUT_DIR/index.json and index.html list them all.
+    capture.json and topk.csv. OUT_DIR/index.json and index.html list them all;
+    with --html, OUT_DIR/report.html shows every text interactively.
 
     Files are written atomically; run the same command again to finish an
     interrupted export (--force redraws everything). A text that fails is
@@ -261,6 +271,8 @@ def export(
       attnviz export --input texts.jsonl --layers 0,5 --heads 0-3 -o figs/
 
       attnviz export --from cat/ --format svg -o figs/
+
+      attnviz export --input texts.txt --batch-size 16 --html -o figs/
     """
     from attnviz.export import ExportOptions, export_items, read_input
 
@@ -275,7 +287,8 @@ def export(
     kinds = tuple(k.strip().lower() for k in figures.split(",") if k.strip())
     options = ExportOptions(fmt=fmt.value, dpi=dpi, cmap=cmap, layers=layers, heads=heads,
                             words=words, exclude_special=exclude_special, annot=annot,
-                            top_k=top_k, figures=kinds, jobs=jobs, force=force)
+                            top_k=top_k, figures=kinds, jobs=jobs, force=force,
+                            batch_size=batch_size, html=html)
     options.check()
     lines = read_input(input_file) if input_file is not None else None  # opens it now
     counted = _count_texts(input_file) if input_file is not None else 0

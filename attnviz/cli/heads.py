@@ -7,9 +7,10 @@ the command, so ``--help`` stays fast.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -36,7 +37,10 @@ from attnviz.cli._common import (
     warn,
 )
 from attnviz.cli.core import TableFormat
-from attnviz.errors import UsageError
+from attnviz.errors import InputError, UsageError
+
+if TYPE_CHECKING:
+    from attnviz.capture import Capture
 
 # Kept in step with attnviz.analysis.stats (not imported here: --help must stay light).
 _STATS = ("entropy", "entropy_nats", "distance", "max_weight", "self", "previous", "next",
@@ -162,6 +166,10 @@ def heads_command(
         help="A corpus: one text per line, or JSONL with \"text\" (and \"pair\"); '-' reads "
              "standard input. Statistics are averaged over all texts, weighted by tokens.")
     ] = None,
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", min=1, rich_help_panel=INPUT_PANEL,
+        help="With --input: texts per forward pass (padded batches; 1 runs them one by "
+             "one).")] = 8,
     layers: LayersOpt = None,
     heads: HeadsOpt = None,
     sort: Annotated[SortKey, typer.Option(
@@ -227,10 +235,24 @@ def heads_command(
     if texts:
         from rich.progress import Progress
 
-        from attnviz.analysis.corpus import corpus_stats
+        from attnviz.analysis.corpus import CorpusText, capture_batches, corpus_stats
+        from attnviz.cli._common import check_text, model_spec
 
         live = LazyModel(request)
         model = live
+
+        def check(text: str, pair: str | None) -> None:
+            check_text(text)
+            if pair is not None:
+                check_text(pair, "the pair text")
+
+        def capture_all(corpus_texts: Sequence[CorpusText]) -> Iterator[Capture | InputError]:
+            return capture_batches(model_spec(request), corpus_texts, load=live,
+                                   batch_size=batch_size, layers=layers, heads=heads,
+                                   max_tokens=request.max_tokens, truncate=request.truncate,
+                                   use_cache=not request.no_cache, check=check,
+                                   warn=lambda message: warn(escape(message)))
+
         with Progress(console=stderr, transient=True,
                       disable=len(texts) < 2 or not stderr.is_terminal) as progress:
             task = progress.add_task("Capturing", total=len(texts))
@@ -238,7 +260,8 @@ def heads_command(
                 texts, lambda text, pair: capture_text(live, text, pair, layers, heads),
                 words=words, exclude_special=exclude_special,
                 warn=lambda message: warn(escape(message)),
-                advance=lambda: progress.advance(task))
+                advance=lambda: progress.advance(task),
+                capture_all=capture_all if input_file is not None and batch_size > 1 else None)
         if corpus.failed:
             warn(f"{corpus.failed} text(s) could not be used and were skipped")
         sums, view = corpus.sums, corpus.view
