@@ -293,6 +293,33 @@ def _remove(*paths: Path) -> None:
             pass
 
 
+def cached_capture(spec: ModelSpec, text: str, pair: str | None = None, *,
+                   layers: str | None = None, heads: str | None = None,
+                   max_tokens: int | None = None, truncate: bool = True) -> Capture | None:
+    """The cached capture of a request, or ``None``; never loads the model.
+
+    A cached capture of all layers and heads also serves a request for a selection.
+    """
+    from attnviz.selection import parse_selection
+
+    try:
+        full = capture_key(spec, text, pair, max_tokens=max_tokens, truncate=truncate)
+        own = capture_key(spec, text, pair, max_tokens=max_tokens, truncate=truncate,
+                          layers=layers, heads=heads)
+    except (OSError, ValueError):  # an unreadable model folder: let loading report it
+        return None
+    for key in dict.fromkeys((full, own)):
+        hit = lookup(key)
+        if hit is None:
+            continue
+        if key == full and key != own:
+            hit = hit.select(
+                parse_selection(layers, hit.num_layers, "layer") if layers else None,
+                parse_selection(heads, hit.num_heads, "head") if heads else None)
+        return hit
+    return None
+
+
 def capture_with_cache(spec: ModelSpec, text: str, pair: str | None = None, *,
                        load: Callable[[], AttentionSource], layers: str | None = None,
                        heads: str | None = None, max_tokens: int | None = None,
@@ -317,21 +344,15 @@ def capture_with_cache(spec: ModelSpec, text: str, pair: str | None = None, *,
     """
     from attnviz.selection import parse_selection
 
+    hit = cached_capture(spec, text, pair, layers=layers, heads=heads, max_tokens=max_tokens,
+                         truncate=truncate)
+    if hit is not None:
+        return hit
     try:
-        full = capture_key(spec, text, pair, max_tokens=max_tokens, truncate=truncate)
         own = capture_key(spec, text, pair, max_tokens=max_tokens, truncate=truncate,
                           layers=layers, heads=heads)
-    except (OSError, ValueError):  # an unreadable model folder: let loading report it
-        full = own = ""
-    for key in dict.fromkeys(k for k in (full, own) if k):
-        hit = lookup(key)
-        if hit is None:
-            continue
-        if key == full and key != own:
-            hit = hit.select(
-                parse_selection(layers, hit.num_layers, "layer") if layers else None,
-                parse_selection(heads, hit.num_heads, "head") if heads else None)
-        return hit
+    except (OSError, ValueError):
+        own = ""
     source = load()
     layer_list = parse_selection(layers, source.num_layers, "layer") if layers else None
     head_list = parse_selection(heads, source.num_heads, "head") if heads else None

@@ -157,26 +157,11 @@ def capture_batches(spec: ModelSpec, texts: Sequence[CorpusText], *,
 
 def _cached(spec: ModelSpec, text: str, pair: str | None, layers: str | None,
             heads: str | None, max_tokens: int | None, truncate: bool) -> Capture | None:
-    """The cached capture of a request, as :func:`attnviz.cache.capture_with_cache` finds it."""
-    from attnviz.cache import capture_key, lookup
-    from attnviz.selection import parse_selection
+    """The cached capture of a request (see :func:`attnviz.cache.cached_capture`)."""
+    from attnviz.cache import cached_capture
 
-    try:
-        full = capture_key(spec, text, pair, max_tokens=max_tokens, truncate=truncate)
-        own = capture_key(spec, text, pair, max_tokens=max_tokens, truncate=truncate,
-                          layers=layers, heads=heads)
-    except (OSError, ValueError):  # an unreadable model folder: let loading report it
-        return None
-    for key in dict.fromkeys((full, own)):
-        hit = lookup(key)
-        if hit is None:
-            continue
-        if key == full and key != own:
-            hit = hit.select(
-                parse_selection(layers, hit.num_layers, "layer") if layers else None,
-                parse_selection(heads, hit.num_heads, "head") if heads else None)
-        return hit
-    return None
+    return cached_capture(spec, text, pair, layers=layers, heads=heads, max_tokens=max_tokens,
+                          truncate=truncate)
 
 
 def _keep(spec: ModelSpec, text: CorpusText, capture: Capture, layers: str | None,
