@@ -19,22 +19,6 @@ from tests.conftest import SENTENCE
 HEAVY = ("torch", "transformers", "matplotlib", "seaborn")
 
 
-@pytest.fixture
-def use_session_minilm(monkeypatch, minilm):
-    """Make the CLI reuse the session's MiniLM instead of loading it again."""
-    import attnviz.models as models
-
-    real = models.load_source
-
-    def load(spec=None):
-        name = spec if isinstance(spec, str) else getattr(spec, "name", "minilm")
-        if name == "minilm" and getattr(spec, "dtype", "float32") == "float32":
-            return minilm
-        return real(spec)
-
-    monkeypatch.setattr(models, "load_source", load)
-
-
 def assert_clean(result, code: int, fragment: str) -> None:
     output = result.stdout + result.stderr
     assert result.exit_code == code, output
@@ -43,7 +27,7 @@ def assert_clean(result, code: int, fragment: str) -> None:
 
 
 # --------------------------------------------------------------------------- heatmap
-def test_heatmap_single_head_png(invoke, tmp_path, use_session_minilm):
+def test_heatmap_single_head_png(invoke, tmp_path, cli_minilm):
     from attnviz.render.heatmap import head_figure_size
 
     out = tmp_path / "head.png"
@@ -61,7 +45,7 @@ def test_heatmap_single_head_png(invoke, tmp_path, use_session_minilm):
 @pytest.mark.parametrize("args", [["--layer", "1"], [], ["--layer", "-1", "--head", "mean"],
                                   ["--layer", "0", "--head", "2", "--exclude-special"],
                                   ["--layer", "0", "--head", "2", "--words", "--no-annot"]])
-def test_heatmap_views(invoke, tmp_path, use_session_minilm, args):
+def test_heatmap_views(invoke, tmp_path, cli_minilm, args):
     out = tmp_path / "view.png"
     result = invoke("heatmap", SENTENCE, *args, "-o", out)
     assert result.exit_code == 0, result.output
@@ -101,7 +85,7 @@ def test_heatmap_from_dump_equals_live(invoke, tmp_path):
 
 
 # --------------------------------------------------------------------------- top-k
-def test_topk_equals_argsort(invoke, use_session_minilm, minilm_capture):
+def test_topk_equals_argsort(invoke, cli_minilm, minilm_capture):
     result = invoke("top-k", SENTENCE, "--layer", "5", "--head", "3", "-k", "3",
                     "--format", "json")
     assert result.exit_code == 0, result.output
@@ -114,7 +98,7 @@ def test_topk_equals_argsort(invoke, use_session_minilm, minilm_capture):
                                    matrix[row["query_index"], expected], atol=1e-6)
 
 
-def test_topk_formats(invoke, tmp_path, use_session_minilm):
+def test_topk_formats(invoke, tmp_path, cli_minilm):
     table = invoke("top-k", SENTENCE, "--layer", "0", "--head", "0")
     assert table.exit_code == 0 and "top 3" in table.stdout and "[CLS]" in table.stdout
     csv_out = tmp_path / "t.csv"
@@ -129,7 +113,7 @@ def test_topk_formats(invoke, tmp_path, use_session_minilm):
 
 
 # --------------------------------------------------------------------------- dump
-def test_dump_round_trip(invoke, tmp_path, use_session_minilm, minilm_capture):
+def test_dump_round_trip(invoke, tmp_path, cli_minilm, minilm_capture):
     result = invoke("dump", SENTENCE, "-o", tmp_path / "cap")
     assert result.exit_code == 0, result.output
     loaded = load_capture(tmp_path / "cap")

@@ -6,33 +6,24 @@ Only typer, rich and the standard library are imported here, so ``--help`` stays
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
-
-from attnviz.cli._common import TOY_PANEL, CaptureRequest, stdout, warn
+from attnviz.cli._common import (  # noqa: F401  (toy options re-exported for the commands)
+    CaptureRequest,
+    CausalOpt,
+    DModelOpt,
+    NoScaleOpt,
+    SeedOpt,
+    ToyHeadsOpt,
+    ToyLayersOpt,
+    stdout,
+    warn,
+)
 from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
     from attnviz.models import AttentionSource
-
-# Toy options of the commands that do not take the shared capture options.
-ToyHeadsOpt = Annotated[int, typer.Option("--toy-heads", min=1, rich_help_panel=TOY_PANEL,
-                                          help="Attention heads per block.")]
-ToyLayersOpt = Annotated[int, typer.Option("--toy-layers", min=1, rich_help_panel=TOY_PANEL,
-                                           help="Stacked attention blocks.")]
-DModelOpt = Annotated[int, typer.Option("--d-model", min=1, rich_help_panel=TOY_PANEL,
-                                        help="Embedding width (a multiple of --toy-heads).")]
-SeedOpt = Annotated[int, typer.Option("--seed", rich_help_panel=TOY_PANEL,
-                                      help="Seed for weights and word embeddings.")]
-NoScaleOpt = Annotated[bool, typer.Option(
-    "--no-scale", rich_help_panel=TOY_PANEL,
-    help="Drop the 1/sqrt(d_k) scaling to show how the softmax saturates.")]
-CausalOpt = Annotated[bool, typer.Option(
-    "--causal", rich_help_panel=TOY_PANEL,
-    help="Mask future tokens (-inf before the softmax), as in a decoder.")]
-
 
 def check_image_path(path: Path | None, option: str) -> None:
     """Refuse an image path whose suffix is not .png, .svg or .pdf."""

@@ -86,6 +86,22 @@ WordsOpt = Annotated[bool, typer.Option(
     help="Merge subword tokens into words: attention to a word is the sum over its pieces, "
          "from a word the mean (rows still sum to 1).")]
 
+# The toy model's options, shared by the capture options below and the analysis commands.
+ToyHeadsOpt = Annotated[int, typer.Option("--toy-heads", min=1, rich_help_panel=TOY_PANEL,
+                                          help="Attention heads per block.")]
+ToyLayersOpt = Annotated[int, typer.Option("--toy-layers", min=1, rich_help_panel=TOY_PANEL,
+                                           help="Stacked attention blocks.")]
+DModelOpt = Annotated[int, typer.Option("--d-model", min=1, rich_help_panel=TOY_PANEL,
+                                        help="Embedding width (a multiple of --toy-heads).")]
+CausalOpt = Annotated[bool, typer.Option(
+    "--causal", rich_help_panel=TOY_PANEL,
+    help="Mask future tokens (-inf before the softmax), as in a decoder.")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1, rich_help_panel=TOY_PANEL,
+                                      help="Seed for weights and word embeddings.")]
+NoScaleOpt = Annotated[bool, typer.Option(
+    "--no-scale", rich_help_panel=TOY_PANEL,
+    help="Drop the 1/sqrt(d_k) scaling to show how the softmax saturates.")]
+
 
 @dataclass
 class CaptureRequest:
@@ -161,22 +177,12 @@ _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
     ("no_cache", Annotated[bool, typer.Option(
         "--no-cache", rich_help_panel=MODEL_PANEL,
         help="Do not read or write the capture cache.")], False),
-    ("toy_heads", Annotated[int, typer.Option(
-        "--toy-heads", min=1, rich_help_panel=TOY_PANEL, help="Attention heads per block.")], 2),
-    ("toy_layers", Annotated[int, typer.Option(
-        "--toy-layers", min=1, rich_help_panel=TOY_PANEL, help="Stacked attention blocks.")], 1),
-    ("d_model", Annotated[int, typer.Option(
-        "--d-model", min=1, rich_help_panel=TOY_PANEL,
-        help="Embedding width (a multiple of --toy-heads).")], 16),
-    ("causal", Annotated[bool, typer.Option(
-        "--causal", rich_help_panel=TOY_PANEL,
-        help="Mask future tokens (-inf before the softmax), as in a decoder.")], False),
-    ("seed", Annotated[int, typer.Option(
-        "--seed", min=0, max=2**32 - 1, rich_help_panel=TOY_PANEL,
-        help="Seed for weights and word embeddings.")], 0),
-    ("no_scale", Annotated[bool, typer.Option(
-        "--no-scale", rich_help_panel=TOY_PANEL,
-        help="Drop the 1/sqrt(d_k) scaling to show how the softmax saturates.")], False),
+    ("toy_heads", ToyHeadsOpt, 2),
+    ("toy_layers", ToyLayersOpt, 1),
+    ("d_model", DModelOpt, 16),
+    ("causal", CausalOpt, False),
+    ("seed", SeedOpt, 0),
+    ("no_scale", NoScaleOpt, False),
 ]
 
 

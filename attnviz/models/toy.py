@@ -99,23 +99,34 @@ class ToySelfAttention(nn.Module):
         self.W_V = weight()
         self.W_O = weight()
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Args: x (T, d_model). Returns (output (T, d_model), weights (H, T, T))."""
+    def steps(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every intermediate of the block, for all heads (what ``explain`` prints).
+
+        Args: x (T, d_model). Returns q, k, v (H, T, d_k); scores, scaled, masked, weights
+        (H, T, T); heads (H, T, d_k), each head's weighted sum of V rows.
+        """
         cfg = self.config
         T = x.shape[0]
         q = (x @ self.W_Q).view(T, cfg.heads, cfg.d_k).transpose(0, 1)  # (H, T, d_k)
         k = (x @ self.W_K).view(T, cfg.heads, cfg.d_k).transpose(0, 1)  # (H, T, d_k)
         v = (x @ self.W_V).view(T, cfg.heads, cfg.d_k).transpose(0, 1)  # (H, T, d_k)
         scores = q @ k.transpose(-2, -1)  # (H, T, T)
-        if cfg.scale:
-            scores = scores / math.sqrt(cfg.d_k)
+        scaled = scores / math.sqrt(cfg.d_k) if cfg.scale else scores
+        masked = scaled
         if cfg.causal:
             future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            scores = scores.masked_fill(future, float("-inf"))
-        weights = torch.softmax(scores.float(), dim=-1).to(x.dtype)  # (H, T, T)
+            masked = scaled.masked_fill(future, float("-inf"))
+        weights = torch.softmax(masked.float(), dim=-1).to(x.dtype)  # (H, T, T)
         heads = weights @ v  # (H, T, d_k)
-        out = heads.transpose(0, 1).reshape(T, cfg.d_model) @ self.W_O  # (T, d_model)
-        return out, weights
+        return {"q": q, "k": k, "v": v, "scores": scores, "scaled": scaled, "masked": masked,
+                "weights": weights, "heads": heads}
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Args: x (T, d_model). Returns (output (T, d_model), weights (H, T, T))."""
+        step = self.steps(x)
+        T = x.shape[0]
+        out = step["heads"].transpose(0, 1).reshape(T, self.config.d_model) @ self.W_O
+        return out, step["weights"]  # (T, d_model), (H, T, T)
 
 
 class ToyModel(nn.Module):
@@ -236,23 +247,12 @@ class HeadTrace:
 
 
 def _trace_block(block: ToySelfAttention, x: torch.Tensor, head: int) -> dict[str, torch.Tensor]:
-    """The intermediates of one head, computed exactly as :meth:`ToySelfAttention.forward`."""
-    cfg = block.config
-    T = x.shape[0]
-    q = (x @ block.W_Q).view(T, cfg.heads, cfg.d_k).transpose(0, 1)  # (H, T, d_k)
-    k = (x @ block.W_K).view(T, cfg.heads, cfg.d_k).transpose(0, 1)  # (H, T, d_k)
-    v = (x @ block.W_V).view(T, cfg.heads, cfg.d_k).transpose(0, 1)  # (H, T, d_k)
-    raw = q @ k.transpose(-2, -1)  # (H, T, T)
-    scaled = raw / math.sqrt(cfg.d_k) if cfg.scale else raw
-    masked = scaled
-    if cfg.causal:
-        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        masked = scaled.masked_fill(future, float("-inf"))
-    weights = torch.softmax(masked.float(), dim=-1).to(x.dtype)  # (H, T, T)
-    output = weights @ v  # (H, T, d_k)
-    return {"x": x, "q": q[head], "k": k[head], "v": v[head], "scores": raw[head],
-            "scaled": scaled[head], "masked": masked[head], "weights": weights[head],
-            "output": output[head]}
+    """The intermediates of one head: the block's own :meth:`ToySelfAttention.steps`."""
+    step = block.steps(x)
+    return {"x": x, "q": step["q"][head], "k": step["k"][head], "v": step["v"][head],
+            "scores": step["scores"][head], "scaled": step["scaled"][head],
+            "masked": step["masked"][head], "weights": step["weights"][head],
+            "output": step["heads"][head]}
 
 
 def trace_head(source: ToySource, text: str, layer: int = 0, head: int = 0,
