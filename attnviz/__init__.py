@@ -27,17 +27,15 @@ def capture_text(text: str, model: str | None = None, pair: str | None = None, *
                  ) -> Capture:
     """Capture the attention of ``model`` (default: the bundled MiniLM) on ``text``.
 
-    Keyword options are those of :class:`attnviz.models.ModelSpec` (``revision``, ``device``,
-    ``dtype``, ``trust_remote_code``, ``toy``) and of the source's ``capture`` method
-    (``layers``, ``heads``, ``max_tokens``).
+    Goes through the process-wide :func:`attnviz.session.default_session`: the model is loaded
+    once and kept warm, and texts already in the capture cache skip the model. Keyword options
+    are those of :class:`attnviz.models.ModelSpec` (``revision``, ``device``, ``dtype``,
+    ``trust_remote_code``, ``toy``) and of :meth:`attnviz.session.Session.capture` (``layers``,
+    ``heads``, ``max_tokens``, ``truncate``, ``use_cache``).
     """
-    from attnviz.models import ModelSpec, default_model, load_source
+    from attnviz.session import default_session
 
-    spec_keys = {"revision", "trust_remote_code", "device", "dtype", "toy"}
-    spec = ModelSpec(name=model or default_model(),
-                     **{k: v for k, v in options.items() if k in spec_keys})
-    rest = {k: v for k, v in options.items() if k not in spec_keys}
-    return load_source(spec).capture(text, pair, **rest)
+    return default_session().capture(text, pair, model=model, **options)
 
 
 def __getattr__(name: str) -> Any:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from attnviz.capture import Capture
     from attnviz.models import AttentionSource, ModelSpec
     from attnviz.render.fast import FrameTemplate, HeadFigure
+    from attnviz.session import Session
 
 MANIFEST = "export.json"
 INDEX_JSON = "index.json"
@@ -736,8 +737,9 @@ class Exporter:
 
     def __init__(self, out_dir: Path, options: ExportOptions, *, spec: ModelSpec | None,
                  max_tokens: int | None, truncate: bool, use_cache: bool,
-                 progress: ExportProgress) -> None:
+                 progress: ExportProgress, session: Session | None = None) -> None:
         self.out_dir = out_dir
+        self.session = session
         self.options = options
         self.spec = spec
         self.max_tokens = max_tokens
@@ -768,27 +770,29 @@ class Exporter:
                 "toy": dataclasses.asdict(self.spec.toy) if self.spec.toy is not None else None,
                 "max_tokens": self.max_tokens, "truncate": self.truncate}
 
+    def _session(self) -> Session:
+        if self.session is None:
+            from attnviz.session import default_session
+
+            self.session = default_session()
+        return self.session
+
     def _load(self) -> AttentionSource:
         if self._source is None:
-            from attnviz.models import load_source
-
             if self.spec is None:
                 raise UsageError("no model to run texts with")
-            if self.spec.name != "toy":
+            session = self._session()
+            if self.spec.name != "toy" and not session.is_loaded(self.spec):
                 self.progress.note(f"Loading {self.spec.name}...")
-            self._source = load_source(self.spec)
+            self._source = session.source(self.spec)
         return self._source
 
     def _capture_text(self, text: str, pair: str | None) -> Capture:
         assert self.spec is not None
-        if self.use_cache:
-            from attnviz.cache import capture_with_cache
-
-            return capture_with_cache(self.spec, text, pair, load=self._load,
-                                      max_tokens=self.max_tokens, truncate=self.truncate,
-                                      write=False)
-        return self._load().capture(text, pair, max_tokens=self.max_tokens,
-                                    truncate=self.truncate)
+        self._load()
+        return self._session().capture(text, pair, model=self.spec, max_tokens=self.max_tokens,
+                                       truncate=self.truncate, use_cache=self.use_cache,
+                                       write_cache=False)
 
     def _capture_item(self, item: ExportItem, text: str, pair: str | None) -> Capture:
         """The capture of a text item: from the current batch, else from a new one."""
@@ -806,8 +810,6 @@ class Exporter:
 
     def _prefetch(self, item: ExportItem, text: str, pair: str | None) -> None:
         """Capture ``item`` and the next texts that will need the model in one batch."""
-        from attnviz.analysis.corpus import capture_batches
-
         assert self.spec is not None
         self._prefetched.clear()
         batch = [item]
@@ -821,10 +823,11 @@ class Exporter:
                 batch.append(other)
         texts = [(text, pair)] + [(other.text or "", other.pair) for other in batch[1:]]
         try:
-            for other, result in zip(batch, capture_batches(
-                    self.spec, texts, load=self._load, batch_size=self.batch_size,
+            self._load()
+            for other, result in zip(batch, self._session().captures(
+                    texts, model=self.spec, batch_size=self.batch_size,
                     max_tokens=self.max_tokens, truncate=self.truncate,
-                    use_cache=self.use_cache, write=False)):
+                    use_cache=self.use_cache, write_cache=False)):
                 self._prefetched[id(other)] = (other, result)
         except InputError:
             pass  # the texts left run one by one, where the error is reported as usual
@@ -1230,7 +1233,8 @@ class Exporter:
 def export_items(items: Iterable[ExportItem], out_dir: Path | str,
                  options: ExportOptions | None = None, *, spec: ModelSpec | None = None,
                  max_tokens: int | None = None, truncate: bool = True, use_cache: bool = True,
-                 progress: ExportProgress | None = None) -> ExportSummary:
+                 progress: ExportProgress | None = None,
+                 session: Session | None = None) -> ExportSummary:
     """Export every item (texts and saved captures) to ``out_dir``.
 
     Args:
@@ -1242,6 +1246,8 @@ def export_items(items: Iterable[ExportItem], out_dir: Path | str,
         use_cache: look texts up in the capture cache before running the model (the export
             folder keeps each capture, so nothing new is written to the cache).
         progress: receives progress events.
+        session: the warm engine that loads the model and captures texts (default: the
+            process-wide :func:`~attnviz.session.default_session`).
 
     Returns:
         The summary; ``summary.failed`` texts were reported and skipped.
@@ -1256,7 +1262,7 @@ def export_items(items: Iterable[ExportItem], out_dir: Path | str,
     options.check()
     exporter = Exporter(Path(out_dir), options, spec=spec or ModelSpec(), max_tokens=max_tokens,
                         truncate=truncate, use_cache=use_cache,
-                        progress=progress or ExportProgress())
+                        progress=progress or ExportProgress(), session=session)
     return exporter.run(items)
 
 

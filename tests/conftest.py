@@ -88,7 +88,10 @@ def invoke(runner: CliRunner) -> Callable[..., object]:
     """Run the CLI in-process; returns click's Result (exit_code, stdout, stderr)."""
     from attnviz.cli import app
 
+    import attnviz.cli._common as common
+
     def run(*args: str, input: str | None = None):  # noqa: A002 - click's name
+        common._SESSION = None  # each invocation starts cold, as a new process would
         return runner.invoke(app, [str(a) for a in args], input=input)
 
     return run

@@ -65,24 +65,13 @@ class LazyModel:
 
 def capture_text(model: LazyModel, text: str, pair: str | None, layers: str | None,
                  heads: str | None) -> Capture:
-    """One text's capture, from the capture cache when allowed, else from the model."""
-    from attnviz.cli._common import check_text, model_spec
+    """One text's capture through the CLI session: from the cache when allowed, else the model."""
+    from attnviz.cli._common import check_text, model_spec, session
 
     request = model.request
     check_text(text)
     if pair is not None:
         check_text(pair, "the pair text")
-    if request.no_cache:
-        from attnviz.selection import parse_selection
-
-        source = model()
-        return source.capture(
-            text, pair,
-            layers=parse_selection(layers, source.num_layers, "layer") if layers else None,
-            heads=parse_selection(heads, source.num_heads, "head") if heads else None,
-            max_tokens=request.max_tokens, truncate=request.truncate)
-    from attnviz.cache import capture_with_cache
-
-    return capture_with_cache(model_spec(request), text, pair, load=model, layers=layers,
-                              heads=heads, max_tokens=request.max_tokens,
-                              truncate=request.truncate, warn=warn)
+    return session().capture(text, pair, model=model_spec(request), layers=layers, heads=heads,
+                             max_tokens=request.max_tokens, truncate=request.truncate,
+                             use_cache=not request.no_cache)

@@ -22,6 +22,7 @@ from attnviz.errors import AttnvizError, InputError, UsageError
 if TYPE_CHECKING:
     from attnviz.capture import Capture
     from attnviz.models import AttentionSource
+    from attnviz.session import Session
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -241,18 +242,10 @@ def read_text(text: str) -> str:
 
 
 def check_text(text: str, what: str = "the text") -> None:
-    """Raise :class:`InputError` for text a model cannot use."""
-    if not text.strip():
-        raise InputError(f"{what} is empty", "give a sentence, e.g. "
-                         "attnviz heatmap \"The cat sat on the mat\"")
-    if "\x00" in text:
-        raise InputError(f"{what} contains a NUL character (\\x00)",
-                         "remove control characters from the text")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:  # undecodable bytes in argv arrive as lone surrogates
-        raise InputError(f"{what} is not valid UTF-8 (character {exc.start})",
-                         "pass UTF-8 text, or pipe a UTF-8 file in with TEXT -") from None
+    """Raise :class:`InputError` for text a model cannot use (see :mod:`attnviz.session`)."""
+    from attnviz.session import check_text as check
+
+    check(text, what)
 
 
 def toy_config(request: CaptureRequest) -> Any:
@@ -283,19 +276,23 @@ def validate_request(request: CaptureRequest) -> None:
         raise UsageError("--pair cannot be used with --from: the capture already holds its text")
 
 
-def load_model(request: CaptureRequest) -> AttentionSource:
-    """Load the model the request names (with a status line on a terminal)."""
-    from attnviz.models import load_source
+_SESSION: Session | None = None
 
-    spec = model_spec(request)
-    if spec.trust_remote_code and spec.name != "toy":
-        warn(f"--trust-remote-code is on: Python code that comes with the model {spec.name} "
-             "will run on this machine with your permissions; use it only for models whose "
-             "code you trust")
-    if spec.name not in ("toy",):
-        with stderr.status(f"Loading {spec.name}...", spinner="dots"):
-            return load_source(spec)
-    return load_source(spec)
+
+def session() -> Session:
+    """The CLI's session: warnings on standard error, a spinner while a model loads."""
+    global _SESSION
+    if _SESSION is None:
+        from attnviz.session import Session
+
+        _SESSION = Session(warn=warn, on_load=lambda name: stderr.status(
+            f"Loading {name}...", spinner="dots"))
+    return _SESSION
+
+
+def load_model(request: CaptureRequest) -> AttentionSource:
+    """Load (or reuse) the model the request names, through the CLI session."""
+    return session().source(model_spec(request))
 
 
 def obtain_capture(request: CaptureRequest, *, layers: str | None = None,
@@ -323,21 +320,9 @@ def obtain_capture(request: CaptureRequest, *, layers: str | None = None,
     text = read_text(request.text or "")
     if request.pair is not None:
         check_text(request.pair, "the --pair text")
-    if not request.no_cache:
-        from attnviz.cache import capture_with_cache
-
-        capture = capture_with_cache(model_spec(request), text, request.pair,
-                                     load=lambda: load_model(request), layers=layers, heads=heads,
-                                     max_tokens=request.max_tokens, truncate=request.truncate,
-                                     warn=warn)
-        for message in capture.meta.get("warnings", []):
-            warn(message)
-        return capture
-    source = load_model(request)
-    layer_list = parse_selection(layers, source.num_layers, "layer") if layers else None
-    head_list = parse_selection(heads, source.num_heads, "head") if heads else None
-    capture = source.capture(text, request.pair, layers=layer_list, heads=head_list,
-                             max_tokens=request.max_tokens, truncate=request.truncate)
+    capture = session().capture(text, request.pair, model=model_spec(request), layers=layers,
+                                heads=heads, max_tokens=request.max_tokens,
+                                truncate=request.truncate, use_cache=not request.no_cache)
     for message in capture.meta.get("warnings", []):
         warn(message)
     return capture

@@ -27,6 +27,7 @@ from attnviz.cli._common import (
     WordsOpt,
     handle_errors,
     model_spec,
+    session,
     stderr,
     stdout,
 )
@@ -299,7 +300,7 @@ def export(
         summary = export_items(_items(text_list, dump_list, lines), out, options,
                                spec=model_spec(request), max_tokens=request.max_tokens,
                                truncate=request.truncate, use_cache=not request.no_cache,
-                               progress=progress)
+                               progress=progress, session=session())
     finally:
         stop = getattr(progress, "stop", None)
         if stop is not None:

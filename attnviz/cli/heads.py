@@ -235,8 +235,8 @@ def heads_command(
     if texts:
         from rich.progress import Progress
 
-        from attnviz.analysis.corpus import CorpusText, capture_batches, corpus_stats
-        from attnviz.cli._common import check_text, model_spec
+        from attnviz.analysis.corpus import CorpusText, corpus_stats
+        from attnviz.cli._common import check_text, model_spec, session
 
         live = LazyModel(request)
         model = live
@@ -247,11 +247,10 @@ def heads_command(
                 check_text(pair, "the pair text")
 
         def capture_all(corpus_texts: Sequence[CorpusText]) -> Iterator[Capture | InputError]:
-            return capture_batches(model_spec(request), corpus_texts, load=live,
-                                   batch_size=batch_size, layers=layers, heads=heads,
-                                   max_tokens=request.max_tokens, truncate=request.truncate,
-                                   use_cache=not request.no_cache, check=check,
-                                   warn=lambda message: warn(escape(message)))
+            return session().captures(corpus_texts, model=model_spec(request),
+                                      batch_size=batch_size, layers=layers, heads=heads,
+                                      max_tokens=request.max_tokens, truncate=request.truncate,
+                                      use_cache=not request.no_cache, check=check)
 
         with Progress(console=stderr, transient=True,
                       disable=len(texts) < 2 or not stderr.is_terminal) as progress:

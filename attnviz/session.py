@@ -1,0 +1,311 @@
+"""One warm engine: loaded models, the capture cache and the text -> capture step.
+
+Every client goes through a :class:`Session`: the CLI commands, ``export``, ``heads --input``,
+``html``, the notebook helpers, the live server and Ray workers. A session keeps the last few
+models it loaded (a small LRU, so a second text never reloads the model), looks texts up in the
+capture cache before running a model, and applies the layer/head selection and token limits in
+one place::
+
+    from attnviz.session import Session
+    session = Session()
+    cap = session.capture("The cat sat on the mat")            # loads MiniLM once
+    cap = session.capture("The dog sat on the rug", layers="5")  # warm: no second load
+
+:func:`default_session` is the process-wide session that :func:`attnviz.capture_text` uses.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from attnviz.errors import AttnvizError, InputError, UsageError
+
+if TYPE_CHECKING:
+    from attnviz.capture import Capture
+    from attnviz.models import AttentionSource, ModelSpec
+
+Warn = Callable[[str], None]
+Selection = str | Sequence[int] | None
+
+_SPEC_KEYS = ("revision", "trust_remote_code", "device", "dtype", "toy", "device_map",
+              "max_memory")
+
+
+def make_spec(model: str | ModelSpec | None = None, **options: Any) -> ModelSpec:
+    """A :class:`~attnviz.models.ModelSpec` from a name (default model when ``None``)."""
+    from attnviz.models import ModelSpec, default_model
+
+    if isinstance(model, ModelSpec):
+        if options:
+            return dataclasses.replace(model, **options)
+        return model
+    unknown = set(options) - set(_SPEC_KEYS)
+    if unknown:
+        raise UsageError(f"unknown model option(s): {', '.join(sorted(unknown))}",
+                         f"model options are {', '.join(_SPEC_KEYS)}")
+    return ModelSpec(name=model or default_model(), **options)
+
+
+def spec_key(spec: ModelSpec) -> str:
+    """A stable text key of a model spec (the session's LRU key)."""
+    return json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str)
+
+
+def _selection_text(selection: Selection) -> str | None:
+    """Selections travel as text (``"0,2-4"``) so cache keys stay the same everywhere."""
+    if selection is None or isinstance(selection, str):
+        return selection
+    if isinstance(selection, int):
+        return str(selection)
+    return ",".join(str(int(i)) for i in selection)
+
+
+class Session:
+    """Loaded models (kept warm), the capture cache and the text -> capture step.
+
+    Args:
+        use_cache: read and write the on-disk capture cache (:mod:`attnviz.cache`).
+        max_models: how many loaded models to keep warm; the least recently used is dropped.
+        warn: called with warnings (truncation, a cache that cannot be written); default: none.
+        on_load: called with the model name before a model is loaded (e.g. to show a spinner);
+            it may return a context manager that is held while loading.
+
+    Thread safety: one lock per model serialises forward passes on it (models are not
+    re-entrant); loading is serialised by a session lock.
+    """
+
+    def __init__(self, *, use_cache: bool = True, max_models: int = 2,
+                 warn: Warn | None = None,
+                 on_load: Callable[[str], Any] | None = None) -> None:
+        if max_models < 1:
+            raise UsageError(f"max_models must be at least 1, got {max_models}")
+        self.use_cache = use_cache
+        self.max_models = max_models
+        self.warn = warn
+        self.on_load = on_load
+        self.loads = 0  # models loaded by this session (tests and benchmarks count them)
+        self.forwards = 0  # texts run through a model (cache misses)
+        self._models: collections.OrderedDict[str, AttentionSource] = collections.OrderedDict()
+        self._model_locks: dict[str, threading.Lock] = {}
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ models
+    def source(self, model: str | ModelSpec | None = None, **options: Any) -> AttentionSource:
+        """The loaded model (from the warm set, or loaded now and kept)."""
+        spec = make_spec(model, **options)
+        key = spec_key(spec)
+        with self._lock:
+            source = self._models.get(key)
+            if source is not None:
+                self._models.move_to_end(key)
+                return source
+            source = self._load(spec)
+            self._models[key] = source
+            self._model_locks.setdefault(key, threading.Lock())
+            while len(self._models) > self.max_models:
+                old, _ = self._models.popitem(last=False)
+                self._model_locks.pop(old, None)
+            return source
+
+    def is_loaded(self, model: str | ModelSpec | None = None, **options: Any) -> bool:
+        """Whether the model is warm in this session."""
+        return spec_key(make_spec(model, **options)) in self._models
+
+    def forget(self, model: str | ModelSpec | None = None) -> None:
+        """Drop one loaded model (or all with ``None``) so its memory can be freed."""
+        with self._lock:
+            if model is None:
+                self._models.clear()
+                self._model_locks.clear()
+                return
+            key = spec_key(make_spec(model))
+            self._models.pop(key, None)
+            self._model_locks.pop(key, None)
+
+    def _load(self, spec: ModelSpec) -> AttentionSource:
+        from attnviz.models import TOY_MODEL, load_source
+
+        if spec.trust_remote_code and spec.name != TOY_MODEL and self.warn is not None:
+            self.warn(f"--trust-remote-code is on: Python code that comes with the model "
+                      f"{spec.name} will run on this machine with your permissions; use it "
+                      "only for models whose code you trust")
+        context = self.on_load(spec.name) if (self.on_load is not None
+                                              and spec.name != TOY_MODEL) else None
+        if context is not None and hasattr(context, "__enter__"):
+            with context:
+                source = load_source(spec)
+        else:
+            source = load_source(spec)
+        self.loads += 1
+        return source
+
+    def _forward_lock(self, spec: ModelSpec) -> threading.Lock:
+        with self._lock:
+            return self._model_locks.setdefault(spec_key(spec), threading.Lock())
+
+    # ------------------------------------------------------------------ captures
+    def capture(self, text: str, pair: str | None = None, *,
+                model: str | ModelSpec | None = None, layers: Selection = None,
+                heads: Selection = None, max_tokens: int | None = None,
+                truncate: bool = True, use_cache: bool | None = None,
+                write_cache: bool = True, **options: Any) -> Capture:
+        """Capture the attention of ``model`` on ``text`` (and ``pair``).
+
+        Args:
+            text: the input text; ``pair`` the optional second sentence.
+            model: a model name (``"minilm"``, ``"toy"``, a hub id, a folder) or a
+                :class:`~attnviz.models.ModelSpec`; default: ``$ATTNVIZ_MODEL`` or MiniLM.
+            layers: layers to keep, as ``"0,2-4"`` or a list of ints (``None``: all).
+            heads: heads to keep, likewise.
+            max_tokens: token limit; ``truncate`` whether to cut past it (with a warning in
+                ``capture.meta["warnings"]``) or raise :class:`~attnviz.errors.InputError`.
+            use_cache: read the capture cache (default: the session's ``use_cache``).
+            write_cache: keep a fresh capture in the cache.
+            **options: model options of :class:`~attnviz.models.ModelSpec` (``device``,
+                ``dtype``, ``revision``, ``toy``...).
+
+        Returns:
+            The capture, weights ``[layer, head, query, key]``.
+        """
+        spec = make_spec(model, **options)
+        check_text(text)
+        if pair is not None:
+            check_text(pair, "the pair text")
+        layer_text, head_text = _selection_text(layers), _selection_text(heads)
+        cache_on = self.use_cache if use_cache is None else use_cache
+        if cache_on:
+            from attnviz.cache import cached_capture
+
+            hit = cached_capture(spec, text, pair, layers=layer_text, heads=head_text,
+                                 max_tokens=max_tokens, truncate=truncate)
+            if hit is not None:
+                return hit
+        source = self.source(spec)
+        layer_list, head_list = self._resolve(source, layer_text, head_text)
+        with self._forward_lock(spec):
+            capture = source.capture(text, pair, layers=layer_list, heads=head_list,
+                                     max_tokens=max_tokens, truncate=truncate)
+            self.forwards += 1
+        if cache_on and write_cache:
+            self._keep(spec, text, pair, capture, layer_text, head_text, max_tokens, truncate)
+        return capture
+
+    def captures(self, texts: Sequence[tuple[str, str | None]], *,
+                 model: str | ModelSpec | None = None, batch_size: int = 8,
+                 layers: Selection = None, heads: Selection = None,
+                 max_tokens: int | None = None, truncate: bool = True,
+                 use_cache: bool | None = None, write_cache: bool = True,
+                 check: Callable[[str, str | None], None] | None = None
+                 ) -> Iterator[Capture | InputError]:
+        """One capture or :class:`InputError` per ``(text, pair)``, in order, in padded batches.
+
+        Cached texts come from the cache; the others run ``batch_size`` at a time (see
+        :func:`attnviz.analysis.corpus.capture_batches`).
+        """
+        from attnviz.analysis.corpus import capture_batches
+
+        spec = make_spec(model)
+        cache_on = self.use_cache if use_cache is None else use_cache
+        lock = self._forward_lock(spec)
+
+        def load() -> AttentionSource:
+            return _Locked(self.source(spec), lock, self)
+
+        yield from capture_batches(spec, texts, load=load, batch_size=batch_size,
+                                   layers=_selection_text(layers), heads=_selection_text(heads),
+                                   max_tokens=max_tokens, truncate=truncate, use_cache=cache_on,
+                                   write=write_cache, check=check, warn=self.warn)
+
+    def _resolve(self, source: AttentionSource, layers: str | None, heads: str | None
+                 ) -> tuple[list[int] | None, list[int] | None]:
+        from attnviz.selection import parse_selection
+
+        return (parse_selection(layers, source.num_layers, "layer") if layers else None,
+                parse_selection(heads, source.num_heads, "head") if heads else None)
+
+    def _keep(self, spec: ModelSpec, text: str, pair: str | None, capture: Capture,
+              layers: str | None, heads: str | None, max_tokens: int | None,
+              truncate: bool) -> None:
+        from attnviz.cache import capture_key, store
+
+        try:
+            key = capture_key(spec, text, pair, max_tokens=max_tokens, truncate=truncate,
+                              layers=layers, heads=heads)
+            store(key, capture)
+        except (OSError, ValueError):
+            return
+        except AttnvizError as error:
+            if self.warn is not None:
+                self.warn(f"could not keep the capture in the cache ({error.message}); "
+                          "use --no-cache to stop trying")
+
+
+def check_text(text: str, what: str = "the text") -> None:
+    """Raise :class:`InputError` for text a model cannot use (empty, NUL, not UTF-8)."""
+    if not isinstance(text, str):
+        raise InputError(f"{what} must be a string, not {type(text).__name__}")
+    if not text.strip():
+        raise InputError(f"{what} is empty", "give a sentence, e.g. "
+                         "attnviz heatmap \"The cat sat on the mat\"")
+    if "\x00" in text:
+        raise InputError(f"{what} contains a NUL character (\\x00)",
+                         "remove control characters from the text")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # undecodable bytes in argv arrive as lone surrogates
+        raise InputError(f"{what} is not valid UTF-8 (character {exc.start})",
+                         "pass UTF-8 text, or pipe a UTF-8 file in with TEXT -") from None
+
+
+class _Locked:
+    """A loaded model whose forward passes hold the session's per-model lock."""
+
+    def __init__(self, source: AttentionSource, lock: threading.Lock, session: Session) -> None:
+        self._source = source
+        self._lock = lock
+        self._session = session
+        self.name = source.name
+        self.num_layers = source.num_layers
+        self.num_heads = source.num_heads
+        batched = getattr(source, "iter_captures", None)
+        if callable(batched):
+            def iter_captures(texts: Sequence[str], *args: Any, **kwargs: Any
+                              ) -> Iterator[Capture]:
+                with self._lock:
+                    captures = list(batched(texts, *args, **kwargs))
+                    self._session.forwards += len(captures)
+                yield from captures
+
+            self.iter_captures = iter_captures
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+    def capture(self, *args: Any, **kwargs: Any) -> Capture:
+        with self._lock:
+            self._session.forwards += 1
+            return self._source.capture(*args, **kwargs)
+
+    def identity(self) -> dict[str, object]:
+        return self._source.identity()
+
+
+_DEFAULT: Session | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_session() -> Session:
+    """The process-wide session (created on first use) behind :func:`attnviz.capture_text`."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = Session()
+        return _DEFAULT
+
+
+__all__ = ["Session", "default_session", "make_spec", "spec_key", "InputError"]
