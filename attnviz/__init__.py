@@ -8,19 +8,32 @@ The Python API mirrors the command line::
     cap.save("cat")                                        # cat/attention.npy + cat/capture.json
     cap = load_capture("cat")                              # no torch needed
 
+Bring your own model (any transformers model already in memory, on any device) and look at
+the attention inline in a notebook::
+
+    cap = attnviz.capture(model, tokenizer, "The cat sat on the mat")
+    attnviz.show(cap, view="heatmap")
+
 Importing this package is cheap: torch, transformers and matplotlib load on first use.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+# The record module loads first, so that the `capture` function below, not the module, is what
+# `attnviz.capture` names (`from attnviz.capture import Capture` works as ever). It is cheap:
+# numpy and everything heavier load on first use.
+import attnviz.capture as _capture_module
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
+    from attnviz.notebook import AttentionView
 
-__all__ = ["__version__", "Capture", "capture_text", "load_capture"]
+__all__ = ["__version__", "Capture", "capture", "capture_text", "load_capture", "show"]
 
 
 def capture_text(text: str, model: str | None = None, pair: str | None = None, **options: Any
@@ -38,9 +51,34 @@ def capture_text(text: str, model: str | None = None, pair: str | None = None, *
     return default_session().capture(text, pair, model=model, **options)
 
 
+def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
+            layers: str | int | Sequence[int] | None = None,
+            heads: str | int | Sequence[int] | None = None,
+            max_tokens: int | None = None, truncate: bool = True) -> Capture:
+    """Capture the attention of a transformers model you already hold, on ``text``.
+
+    Any device, any dtype, no reload. A model running with ``sdpa`` or flash attention is
+    switched to eager attention (and eval mode) for the call and restored afterwards. See
+    :func:`attnviz.models.own.capture`.
+    """
+    from attnviz.models.own import capture as capture_own
+
+    return capture_own(model, tokenizer, text, pair, layers=layers, heads=heads,
+                       max_tokens=max_tokens, truncate=truncate)
+
+
+def show(capture: Capture, view: str = "head", **options: Any) -> AttentionView:
+    """Show a capture inline in a notebook (``view``: head, model, heatmap or stats).
+
+    Options: ``layer``, ``head``/``heads``, ``words``, ``exclude_special``, ``precision``,
+    ``title``; see :func:`attnviz.notebook.show`.
+    """
+    from attnviz.notebook import show as show_inline
+
+    return show_inline(capture, view, **options)
+
+
 def __getattr__(name: str) -> Any:
     if name in ("Capture", "load_capture"):
-        from attnviz import capture as _capture_module
-
         return getattr(_capture_module, name)
     raise AttributeError(f"module 'attnviz' has no attribute {name!r}")

@@ -14,20 +14,25 @@ For each text, :func:`export_items` writes a folder::
             export.json               this folder's manifest; ``"complete": true`` once done
 
 Folder names are a sanitised slug of the text plus a hash of text and pair (or the sanitised
-JSONL ``id``), so nothing in the input can reach outside OUT_DIR, collide with another text, or
-exceed file-name limits. Every file is written atomically; a re-run skips complete texts and
-finishes partial ones (``force=True`` redraws everything). The model runs once per text in the
-calling process; figures are drawn by ``jobs`` worker processes, PNGs with the fast renderer of
-:mod:`attnviz.render.fast`. At most a few texts are in flight at once, so memory stays flat
-however many texts there are.
+JSONL ``id``, named so that it can never equal a text's name), so nothing in the input can reach
+outside OUT_DIR, collide with another text, or exceed file-name limits. Nothing is written
+through a symbolic link inside OUT_DIR (:mod:`attnviz.fileio`), one export at a time writes to
+a folder (a lock file), and ``index.json`` lists the texts of every run into the folder.
+Every file is written atomically; a re-run skips complete texts and finishes partial ones
+(``force=True`` redraws everything). The model runs once per text in the calling process;
+figures are drawn by ``jobs`` worker processes (they end with the exporting process), PNGs
+with the fast renderer of :mod:`attnviz.render.fast`. At most a few texts are in flight at
+once, so memory stays flat however many texts there are.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -36,13 +41,16 @@ from typing import IO, TYPE_CHECKING, Any
 
 from attnviz import __version__
 from attnviz.errors import AttnvizError, InputError, OutputError, UsageError
+from attnviz.fileio import LinkError
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
+    from attnviz.analysis.tokens import FigureView
     from attnviz.capture import Capture
-    from attnviz.models import AttentionSource, ModelSpec
+    from attnviz.models import ModelSpec
     from attnviz.render.fast import FrameTemplate, HeadFigure
+    from attnviz.render.heatmap import ColourScale
     from attnviz.session import Session
 
 MANIFEST = "export.json"
@@ -54,11 +62,13 @@ LAYERS_DIR = "layers"
 FORMATS = ("png", "svg", "pdf")
 FIGURES = ("heads", "layers", "overview")
 REPORT_HTML = "report.html"
+LOCK_NAME = ".attnviz-export.lock"  # held (flock) while an export writes to OUT_DIR
 MANIFEST_FORMAT = "attnviz-export"
 SLUG_LENGTH = 40
 ID_LENGTH = 60
 _MAX_FAILURES_KEPT = 200
 HEADS_PER_SPLIT = 96  # below this many heads, one process draws all heads of a text
+SMALL_JOB_TEXTS = 4  # fewer texts are drawn in this process by default (see jobs_for)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -98,27 +108,36 @@ def read_input(path: Path | str, stream: IO[bytes] | None = None) -> Iterator[Ex
     """
     import sys
 
+    from attnviz.fileio import open_input
+
     if str(path) == "-":
         handle = stream if stream is not None else sys.stdin.buffer
         return _read_lines(handle, "standard input", close=False)
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed by _read_lines
-    except FileNotFoundError:
-        raise InputError(f"input file {path} does not exist",
-                         "give a text file with one text per line, or JSONL") from None
-    except IsADirectoryError:
-        raise InputError(f"input file {path} is a folder",
-                         "give a text file with one text per line, or JSONL") from None
-    except OSError as exc:
-        raise InputError(f"cannot read input file {path}: {exc.strerror or exc}") from None
-    return _read_lines(handle, str(path), close=True)
+    return _read_lines(open_input(path, "input file"), str(path), close=True)
+
+
+_SKIP_LIMIT = 64 << 20  # bytes read past an over-long line looking for its end
 
 
 def _read_lines(handle: IO[bytes], name: str, *, close: bool) -> Iterator[ExportItem]:
+    from attnviz.fileio import INPUT_LINE_LIMIT
+
     jsonl: bool | None = None
+    number = 0
     try:
-        for number, raw in enumerate(handle, start=1):
+        while True:
+            # Bounded reads: a line longer than the limit (or an endless one, /dev/zero) is
+            # reported, never held in memory.
+            raw = handle.readline(INPUT_LINE_LIMIT + 1)
+            if not raw:
+                break
+            number += 1
             origin = f"line {number} of {name}"
+            if len(raw) > INPUT_LINE_LIMIT and not raw.endswith(b"\n"):
+                yield ExportItem(origin=origin, error=f"{origin} is longer than the limit of "
+                                 f"{INPUT_LINE_LIMIT >> 20} MiB")
+                _skip_line(handle, origin, name)
+                continue
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
             try:
@@ -136,6 +155,18 @@ def _read_lines(handle: IO[bytes], name: str, *, close: bool) -> Iterator[Export
     finally:
         if close:
             handle.close()
+
+
+def _skip_line(handle: IO[bytes], origin: str, name: str) -> None:
+    """Read past the rest of an over-long line; stop the input if it seems to have no end."""
+    skipped = 0
+    while skipped < _SKIP_LIMIT:
+        chunk = handle.readline(1 << 20)
+        if not chunk or chunk.endswith(b"\n"):
+            return
+        skipped += len(chunk)
+    raise InputError(f"{origin} is longer than {_SKIP_LIMIT >> 20} MiB: stopped reading {name}",
+                     "give a text file with one text per line")
 
 
 def _jsonl_item(line: str, origin: str) -> ExportItem:
@@ -163,6 +194,11 @@ def check_text(text: str, what: str = "the text") -> None:
     if "\x00" in text:
         raise InputError(f"{what} contains a NUL character (\\x00)",
                          "remove control characters from the text")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # bytes of a command line that were not UTF-8
+        raise InputError(f"{what} is not valid UTF-8 (at character {exc.start})",
+                         "pass the text encoded as UTF-8") from None
 
 
 # --------------------------------------------------------------------------- names
@@ -171,15 +207,25 @@ def folder_name(text: str, pair: str | None = None, ident: str | None = None,
     """The folder of one text: a slug of the text plus a hash, or the sanitised id.
 
     Only ``a-z``, ``0-9`` and ``-`` are used, at most ~70 characters, never a Windows reserved
-    name, so the name is valid on Linux, macOS and Windows and cannot leave OUT_DIR. An id that
-    sanitising changed gets a hash of the original id, so ``a/b`` and ``a_b`` stay apart.
+    name, so the name is valid on Linux, macOS and Windows and cannot leave OUT_DIR. Three
+    kinds of names that can never be equal:
+
+    * a text: ``<slug>-<10 hex digits>`` (a slug never holds ``--``);
+    * a JSONL id that is already such a slug and does not end like a text's name
+      (``-`` and 10 hex digits): the id itself, e.g. ``doc-17``;
+    * any other id: ``<slug>--<8 hex digits of the id>`` (``a/b`` and ``a_b`` stay apart).
     """
     from attnviz.fileio import short_hash, slugify
 
     if ident is not None:
         slug = slugify(ident, ID_LENGTH)
-        return slug if slug == ident else f"{slug}-{short_hash(ident, length=8)}"
+        if slug == ident and not _TEXT_NAME.search(ident):
+            return slug
+        return f"{slug}--{short_hash(ident, length=8)}"
     return f"{slugify(text, SLUG_LENGTH)}-{short_hash(text, pair or '', salt, length=10)}"
+
+
+_TEXT_NAME = re.compile(r"-[0-9a-f]{10}$")  # how the folder name of a text ends
 
 
 def head_file(layer: int, head: int, fmt: str, digits: int = 2) -> str:
@@ -209,21 +255,25 @@ def _notes(view: Capture) -> str:
     return f" ({', '.join(notes)})" if notes else ""
 
 
-def head_title(view: Capture, layer: int, head: int) -> str:
-    """Title of a head's figure, as ``attnviz heatmap --layer L --head H`` writes it."""
-    return f"{view.model}: layer {layer}, head {head}{_notes(view)}"
+def head_title(view: Capture, layer: int, head: int, suffix: str | None = None) -> str:
+    """Title of a head's figure, as ``attnviz heatmap --layer L --head H`` writes it.
+
+    ``suffix`` holds the notes (view, pair, window: ``FigureView.suffix``); by default those of
+    the view alone.
+    """
+    return f"{view.model}: layer {layer}, head {head}{_notes(view) if suffix is None else suffix}"
 
 
-def layer_title(view: Capture, layer: int) -> str:
+def layer_title(view: Capture, layer: int, suffix: str | None = None) -> str:
     """Title of a layer's grid, as ``attnviz heatmap --layer L`` writes it."""
     from attnviz.capture import format_indices
 
     heads = ("all heads" if len(view.heads) == view.num_heads
              else f"heads {format_indices(view.heads)}")
-    return f"{view.model}: layer {layer}, {heads}{_notes(view)}"
+    return f"{view.model}: layer {layer}, {heads}{_notes(view) if suffix is None else suffix}"
 
 
-def overview_title(view: Capture) -> str:
+def overview_title(view: Capture, suffix: str | None = None) -> str:
     """Title of the model overview, as ``attnviz heatmap`` writes it."""
     from attnviz.capture import format_indices
 
@@ -231,7 +281,7 @@ def overview_title(view: Capture) -> str:
         what = "every layer and head"
     else:
         what = f"layers {format_indices(view.layers)}, heads {format_indices(view.heads)}"
-    return f"{view.model}: {what}{_notes(view)}"
+    return f"{view.model}: {what}{_notes(view) if suffix is None else suffix}"
 
 
 # --------------------------------------------------------------------------- options
@@ -250,10 +300,16 @@ class ExportOptions:
         annot: cell values in head figures; ``None``: when there are at most 30 tokens.
         top_k: keys per query in ``topk.csv``.
         figures: which figures to draw: any of ``heads``, ``layers``, ``overview``.
-        jobs: worker processes; ``None``: the number of cores; 1 draws in this process.
+        jobs: worker processes; ``None``: chosen by the input's size (:func:`jobs_for`: 1
+            for a few texts, else up to the number of cores); 1 draws in this process.
         force: redraw everything, even what an earlier run finished.
         batch_size: texts per forward pass of the model (padded batches; 1: one by one).
         html: also write ``report.html``, the interactive report of every exported text.
+        scale, gamma, vmax: the colour scale (``attnviz.render.heatmap.ColourScale``):
+            ``linear``/``power``/``log``, the power's exponent, the top weight (``None``: each
+            figure's largest weight; ``1.0``: the fixed 0..1 scale).
+        tokens, queries, keys: windows of every figure (``"10:40"``, ``"bank:loan"``; see
+            ``attnviz.analysis.tokens.parse_window``).
     """
 
     fmt: str = "png"
@@ -270,6 +326,12 @@ class ExportOptions:
     force: bool = False
     batch_size: int = 8
     html: bool = False
+    scale: str = "power"  # attnviz.render.heatmap.DEFAULT_SCALE
+    gamma: float = 0.5  # attnviz.render.heatmap.DEFAULT_GAMMA
+    vmax: float | None = None  # auto
+    tokens: str | None = None
+    queries: str | None = None
+    keys: str | None = None
 
     def check(self) -> None:
         """Raise :class:`UsageError` for impossible values."""
@@ -287,9 +349,20 @@ class ExportOptions:
                              f"choose from {', '.join(FIGURES)}")
         if self.jobs is not None and self.jobs < 1:
             raise UsageError("--jobs must be at least 1")
+        if self.jobs is not None and self.jobs > max_jobs():
+            raise UsageError(f"--jobs {self.jobs} is too many: use at most {max_jobs()} "
+                             f"({JOBS_PER_CORE} per core of the {default_jobs()} this process "
+                             "may use)", "leave --jobs out to use one per core")
         if self.batch_size < 1:
             raise UsageError("--batch-size must be at least 1")
         check_cmap(self.cmap)
+        from attnviz.analysis.tokens import check_window_syntax
+        from attnviz.render.heatmap import ColourScale
+
+        ColourScale.of(self.scale, self.gamma, self.vmax)
+        for option, spec in (("--tokens", self.tokens), ("--queries", self.queries),
+                             ("--keys", self.keys)):
+            check_window_syntax(spec, option)
 
     def settings(self) -> dict[str, Any]:
         """What decides the files' content (a re-run with other settings redraws).
@@ -301,6 +374,8 @@ class ExportOptions:
             "layers": _normal(self.layers), "heads": _normal(self.heads),
             "words": self.words, "exclude_special": self.exclude_special,
             "annot": self.annot, "top_k": self.top_k, "figures": sorted(self.figures),
+            "scale": self.scale, "gamma": self.gamma, "vmax": self.vmax,
+            "tokens": self.tokens, "queries": self.queries, "keys": self.keys,
         }
 
 
@@ -310,12 +385,35 @@ def _normal(selection: str | None) -> str | None:
     return "".join(selection.split())
 
 
+def jobs_for(items: Sequence[ExportItem], cores: int) -> int:
+    """The default number of drawing processes for an input that starts with ``items``.
+
+    A worker process takes about 1 s to start (a new interpreter importing numpy and
+    matplotlib), about what one text's figures take to draw; one text drawn by two workers
+    was no faster than by one. So an input of fewer than :data:`SMALL_JOB_TEXTS` texts is
+    drawn in this process, and a bigger one by up to one worker per core with at least two
+    texts each.
+    """
+    texts = sum(1 for item in items if not item.blank and not item.error)
+    if texts < SMALL_JOB_TEXTS:
+        return 1
+    return max(1, min(cores, texts // 2))
+
+
 def default_jobs() -> int:
     """The number of cores this process may use."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS, Windows
         return max(1, os.cpu_count() or 1)
+
+
+JOBS_PER_CORE = 4  # drawing is CPU-bound: more processes than this only cost memory
+
+
+def max_jobs() -> int:
+    """The most drawing processes ``--jobs`` may ask for: 4 per core, at least 4."""
+    return max(4, JOBS_PER_CORE * default_jobs())
 
 
 # --------------------------------------------------------------------------- progress
@@ -375,6 +473,12 @@ class RenderTask:
     annot: bool | None
     words: bool
     exclude_special: bool
+    scale: str = "power"
+    gamma: float = 0.5
+    vmax: float | None = None
+    tokens: str | None = None
+    queries: str | None = None
+    keys: str | None = None
 
     @property
     def count(self) -> int:
@@ -393,38 +497,55 @@ def _remember(cache: collections.OrderedDict[tuple[Any, ...], Any], key: tuple[A
         cache.popitem(last=False)
 
 
-def _head_template(task: RenderTask, view: Capture, titles: list[str]) -> FrameTemplate:
+def _scale(task: RenderTask) -> ColourScale:
+    from attnviz.render.heatmap import ColourScale
+
+    return ColourScale.of(task.scale, task.gamma, task.vmax)
+
+
+def _head_template(task: RenderTask, shown: FigureView, titles: list[str],
+                   figures: Iterable[Sequence[Any]] = ()) -> FrameTemplate:
+    """The head frame of this text; ``figures`` (each ``[matrix]``) have their colour bar
+    labels drawn with the titles, in one pass."""
     from attnviz.render.fast import head_template
 
-    labels = tuple(view.display_tokens)
-    key = (task.folder, labels, task.cmap, task.dpi, task.annot)
+    rows, cols = tuple(shown.row_labels), tuple(shown.col_labels)
+    key = (task.folder, rows, cols, task.cmap, task.dpi, task.annot, _scale(task),
+           shown.row_divider, shown.col_divider)
     template = _HEAD_TEMPLATES.get(key)
     if template is None:
-        template = head_template(labels, labels, cmap=task.cmap, dpi=task.dpi,
-                                 annot=task.annot, titles=titles)
+        template = head_template(rows, cols, cmap=task.cmap, dpi=task.dpi, annot=task.annot,
+                                 titles=titles, scale=_scale(task),
+                                 row_divider=shown.row_divider, col_divider=shown.col_divider,
+                                 figures=figures)
         _remember(_HEAD_TEMPLATES, key, template, 1)
     else:
-        template.prepare_titles(titles)
+        template.prepare(titles, figures)
         _HEAD_TEMPLATES.move_to_end(key)
     return template
 
 
-def _grid_template(rows: list[str], cols: list[str], tokens: list[str], cmap: str, dpi: int,
-                   titles: list[str]) -> FrameTemplate:
-    """A grid frame, reused across texts when it does not show their tokens."""
+def _grid_template(rows: list[str], cols: list[str], shown: FigureView, task: RenderTask,
+                   titles: list[str], figures: Iterable[Sequence[Any]] = ()) -> FrameTemplate:
+    """A grid frame (laid out once per shape), reused across texts when it does not show
+    their tokens."""
     from attnviz.render.fast import grid_template
 
-    base = (len(rows), tuple(cols), len(tokens), cmap, dpi)
+    tokens, keys = list(shown.row_labels), list(shown.col_labels)
+    base = (len(rows), tuple(cols), len(tokens), len(keys), task.cmap, task.dpi, _scale(task),
+            shown.row_divider, shown.col_divider)
     for entry_rows, entry_tokens, template in _GRID_TEMPLATES.get(base, []):
-        if entry_rows in (None, tuple(rows)) and entry_tokens in (None, tuple(tokens)):
-            template.prepare_titles(titles)
+        if entry_rows in (None, tuple(rows)) and entry_tokens in (None, (*tokens, *keys)):
+            template.prepare(titles, figures)
             _GRID_TEMPLATES.move_to_end(base)
             return template
     template = grid_template(len(rows), len(cols), len(tokens), rows, cols, tokens=tokens,
-                             cmap=cmap, dpi=dpi, titles=titles)
+                             key_tokens=keys, num_keys=len(keys), cmap=task.cmap, dpi=task.dpi,
+                             titles=titles, scale=_scale(task), row_divider=shown.row_divider,
+                             col_divider=shown.col_divider, figures=figures)
     shows_rows = any(template_shows(template, label) for label in rows)
     entry = (tuple(rows) if shows_rows else None,
-             tuple(tokens) if template.uses_tokens else None, template)
+             (*tokens, *keys) if template.uses_tokens else None, template)
     entries = _GRID_TEMPLATES.get(base, [])[-3:] + [entry]
     _remember(_GRID_TEMPLATES, base, entries, 4)
     return template
@@ -436,9 +557,29 @@ def template_shows(template: FrameTemplate, label: str) -> bool:
 
 
 def _write(path: Path, data: bytes) -> None:
+    """Write a file of a text folder atomically; ``heads/`` and ``layers/`` are never followed
+    if they are links (the text folder itself is checked by the exporter)."""
     from attnviz.fileio import atomic_write
 
-    atomic_write(path, lambda handle: handle.write(data))
+    root = path.parent.parent if path.parent.name in (HEADS_DIR, LAYERS_DIR) else path.parent
+    atomic_write(path, lambda handle: handle.write(data), root=root)
+
+
+def _printable(text: str | None) -> str | None:
+    """``text`` with what UTF-8 cannot hold (bytes of a non-UTF-8 argument) as ``?``."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _is_file(path: Path) -> bool:
+    """A regular file (a link standing there is not one: it is replaced, never followed)."""
+    import stat
+
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def render_task(task: RenderTask, on_file: Callable[[int], None] | None = None
@@ -454,17 +595,17 @@ def render_task(task: RenderTask, on_file: Callable[[int], None] | None = None
     """
     import numpy as np
 
-    from attnviz.analysis.tokens import exclude_special, merge_words
+    from attnviz.analysis.tokens import figure_view
     from attnviz.capture import load_capture
 
     folder = Path(task.folder)
-    view = load_capture(folder, mmap=True)
-    if task.words:
-        view = merge_words(view)
-    if task.exclude_special:
-        view = exclude_special(view)
+    # A copy, not a memory map: another process truncating attention.npy while we draw would
+    # kill this one with SIGBUS; a copy is read (and checked) once.
+    shown = figure_view(load_capture(folder, mmap=False), words=task.words,
+                        exclude_special=task.exclude_special, tokens=task.tokens,
+                        queries=task.queries, keys=task.keys)
+    view, suffix = shown.capture, shown.suffix
     digits, fmt = _digits(view), task.fmt
-    labels = list(view.display_tokens)
     col_labels = [f"head {h}" for h in view.heads]
     written = 0
 
@@ -475,75 +616,120 @@ def render_task(task: RenderTask, on_file: Callable[[int], None] | None = None
         if on_file is not None:
             on_file(1)
 
+    def head_matrix(layer: int, head: int) -> np.ndarray:
+        return shown.crop(view.matrix(layer, head))  # [query, key] of the window
+
+    def layer_block(layer: int) -> np.ndarray:
+        return shown.crop(view.weights[view.layer_position(layer)])  # [head, query, key]
+
     heads = [(layer, head, head_file(layer, head, fmt, digits)) for layer, head in task.heads]
-    heads = [entry for entry in heads if not (folder / entry[2]).exists()]
+    heads = [entry for entry in heads if not _is_file(folder / entry[2])]
     layers = [(layer, layer_file(layer, fmt, digits)) for layer in task.layers]
-    layers = [entry for entry in layers if not (folder / entry[1]).exists()]
-    overview = task.overview and not (folder / overview_file(fmt)).exists()
+    layers = [entry for entry in layers if not _is_file(folder / entry[1])]
+    overview = task.overview and not _is_file(folder / overview_file(fmt))
     existing = task.count - len(heads) - len(layers) - int(overview)
 
-    titles = [head_title(view, layer, head) for layer, head, _ in heads]
+    titles = [head_title(view, layer, head, suffix) for layer, head, _ in heads]
     if heads and fmt == "png":
-        template = _head_template(task, view, titles)
+        # Every title and colour bar label in one pass (an auto top changes them per head).
+        template = _head_template(task, shown, titles,
+                                  ([head_matrix(layer, head)] for layer, head, _ in heads))
         for (layer, head, relative), title in zip(heads, titles):
-            save(relative, template.png([view.matrix(layer, head)], title))
+            save(relative, template.png([head_matrix(layer, head)], title))
     elif heads:
-        figure = _head_figure(task, view, max(titles, key=len))
+        figure = _head_figure(task, shown, titles)
         for (layer, head, relative), title in zip(heads, titles):
-            save(relative, figure.render(view.matrix(layer, head), title, fmt, task.dpi))
+            save(relative, figure.render(head_matrix(layer, head), title, fmt, task.dpi))
 
-    grid_titles = [layer_title(view, layer) for layer, _ in layers]
+    grid_titles = [layer_title(view, layer, suffix) for layer, _ in layers]
+    if layers and fmt == "png":
+        _grid_template([f"layer {layers[0][0]}"], col_labels, shown, task, grid_titles,
+                       (list(layer_block(layer)) for layer, _ in layers))
     for (layer, relative), title in zip(layers, grid_titles):
-        block = np.asarray(view.weights[view.layer_position(layer)],
-                           dtype=np.float32)  # [head, query, key]
+        block = layer_block(layer)
         if fmt == "png":
-            grid = _grid_template([f"layer {layer}"], col_labels, labels, task.cmap, task.dpi,
-                                  grid_titles)
+            grid = _grid_template([f"layer {layer}"], col_labels, shown, task, grid_titles)
             save(relative, grid.png(list(block), title))
         else:
-            save(relative, _vector_grid(block[None], [f"layer {layer}"], col_labels, labels,
+            save(relative, _vector_grid(block[None], [f"layer {layer}"], col_labels, shown,
                                         title, task))
 
     if overview:
-        weights = np.asarray(view.weights, dtype=np.float32)  # [layer, head, query, key]
+        weights = shown.crop(view.weights)  # [layer, head, query, key]
         rows = [f"layer {layer}" for layer in view.layers]
-        title = overview_title(view)
+        title = overview_title(view, suffix)
         if fmt == "png":
-            grid = _grid_template(rows, col_labels, labels, task.cmap, task.dpi, [title])
-            save(overview_file(fmt), grid.png([m for block in weights for m in block], title))
+            matrices = [m for block in weights for m in block]
+            grid = _grid_template(rows, col_labels, shown, task, [title], [matrices])
+            save(overview_file(fmt), grid.png(matrices, title))
         else:
-            save(overview_file(fmt), _vector_grid(weights, rows, col_labels, labels, title,
+            save(overview_file(fmt), _vector_grid(weights, rows, col_labels, shown, title,
                                                   task))
     # Figures hold reference cycles: free this text's now, so memory stays flat over texts.
     gc.collect()
     return written, existing
 
 
-def _head_figure(task: RenderTask, view: Capture, title: str) -> HeadFigure:
+def _head_figure(task: RenderTask, shown: FigureView, titles: list[str]) -> HeadFigure:
     from attnviz.render.fast import HeadFigure
 
-    labels = list(view.display_tokens)
-    return HeadFigure(labels, labels, cmap=task.cmap, annot=task.annot, title=title)
+    return HeadFigure(shown.row_labels, shown.col_labels, cmap=task.cmap, annot=task.annot,
+                      title=max(titles, key=len), titles=titles, scale=_scale(task),
+                      dpi=task.dpi, row_divider=shown.row_divider,
+                      col_divider=shown.col_divider)
 
 
-def _vector_grid(weights: Any, rows: list[str], cols: list[str], tokens: list[str], title: str,
+def _vector_grid(weights: Any, rows: list[str], cols: list[str], shown: FigureView, title: str,
                  task: RenderTask) -> bytes:
-    import matplotlib.pyplot as plt
-
-    from attnviz.render.fast import figure_bytes, plain_text
-    from attnviz.render.heatmap import draw_grid
+    from attnviz.render.heatmap import draw_grid, figure_bytes, plain_text
 
     with plain_text():
-        fig = draw_grid(weights, rows, cols, title=title, cmap=task.cmap, tokens=tokens)
-    try:
-        return figure_bytes(fig, task.fmt, task.dpi)
-    finally:
-        plt.close(fig)
+        fig = draw_grid(weights, rows, cols, title=title, cmap=task.cmap,
+                        tokens=shown.row_labels, key_tokens=shown.col_labels,
+                        scale=_scale(task), dpi=task.dpi, row_divider=shown.row_divider,
+                        col_divider=shown.col_divider)
+    return figure_bytes(fig, task.fmt, task.dpi)
 
 
-def _worker_start() -> None:
-    """Import the drawing code in a new worker while the model loads in the main process."""
+def _worker_start(parent: int | None = None) -> None:
+    """Set up a new drawing worker: it dies with ``parent`` (the exporting process) and leaves
+    Ctrl-C to it; then import the drawing code while the model loads in the main process."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers itself
+    if parent is not None:
+        _die_with_parent(parent)
     import attnviz.render.fast  # noqa: F401
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this process as soon as ``parent`` ends, however it ends (even ``kill -9``).
+
+    Linux delivers SIGKILL to us when the parent dies (``PR_SET_PDEATHSIG``); elsewhere, and
+    as a second line, a thread checks every half second that the parent is still ours.
+    """
+    import sys
+    import threading
+
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before we could watch it
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="attnviz-parent-watch", daemon=True).start()
 
 
 def _warm() -> int:
@@ -552,6 +738,8 @@ def _warm() -> int:
 
 # --------------------------------------------------------------------------- manifests
 def _read_json(path: Path) -> dict[str, Any] | None:
+    if not _is_file(path):  # a link is not ours: never read through it
+        return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -565,63 +753,146 @@ def _write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, ensure_ascii=False, indent=1))
 
 
-def _clean_temporaries(folder: Path) -> None:
-    """Remove temporary files an interrupted run (killed mid-write) left behind."""
+def _clean_temporaries(folder: Path, root: Path | None = None) -> None:
+    """Remove temporary files an interrupted run (killed mid-write) left behind: only our own
+    names (``.NAME.PID.RANDOM.tmp`` of a process that is gone), never through a link."""
+    from attnviz.fileio import clean_temporaries
+
+    root = folder.parent if root is None else root
     for sub in (folder, folder / HEADS_DIR, folder / LAYERS_DIR):
-        try:
-            entries = list(sub.iterdir())
-        except OSError:
-            continue
-        for entry in entries:
-            if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.is_file():
-                try:
-                    entry.unlink()
-                except OSError:
-                    pass
+        clean_temporaries(sub, root)
 
 
 class _Index:
-    """The run's entries, streamed to a temporary file, then written as index.json/html."""
+    """The run's entries, streamed to an unnamed scratch file, then written as index.json and
+    index.html together with the entries of earlier runs into the same folder."""
 
     def __init__(self, out_dir: Path) -> None:
+        from attnviz.fileio import scratch_file
+
         self.out_dir = out_dir
-        self.path = out_dir / f".{INDEX_JSON}.entries.tmp"
-        self.handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in finish
+        self._scratch = scratch_file(out_dir, f"{INDEX_JSON}.entries")
+        self.handle = self._scratch.__enter__()
         self.count = 0
+        self.folders: set[str] = set()  # folders of this run's entries
 
     def add(self, entry: dict[str, Any]) -> None:
+        self.handle.seek(0, os.SEEK_END)
         self.handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
         self.handle.flush()
         self.count += 1
+        if isinstance(entry.get("folder"), str):
+            self.folders.add(entry["folder"])
 
     def entries(self) -> Iterator[dict[str, Any]]:
-        with open(self.path, encoding="utf-8") as handle:
-            for line in handle:
-                yield json.loads(line)
+        self.handle.flush()
+        self.handle.seek(0)
+        for line in self.handle:
+            yield json.loads(line)
+        self.handle.seek(0, os.SEEK_END)
+
+    def earlier(self) -> Iterator[dict[str, Any]]:
+        """Entries of index.json from earlier runs whose folder is still here and was not
+        exported again by this run (failures without a folder are not kept)."""
+        for entry in read_index_entries(self.out_dir / INDEX_JSON):
+            folder = entry.get("folder")
+            if (isinstance(folder, str) and _FOLDER_NAME.fullmatch(folder)
+                    and folder not in self.folders and _is_dir(self.out_dir / folder)):
+                yield entry
 
     def finish(self, header: dict[str, Any]) -> None:
         """Write index.json and index.html atomically (streamed: memory stays flat)."""
-        from attnviz.fileio import atomic_path
+        import itertools
 
-        self.handle.close()
+        from attnviz.fileio import atomic_open
+
         try:
-            with atomic_path(self.out_dir / INDEX_JSON) as tmp, \
-                    open(tmp, "w", encoding="utf-8") as out:
+            with atomic_open(self.out_dir / INDEX_JSON, "w", encoding="utf-8") as out:
                 head = json.dumps(header, ensure_ascii=False, indent=1)
                 out.write(head[:-2] + ',\n "texts": [')
-                for number, entry in enumerate(self.entries()):
+                for number, entry in enumerate(itertools.chain(self.earlier(), self.entries())):
                     out.write(("\n  " if number == 0 else ",\n  ")
                               + json.dumps(entry, ensure_ascii=False))
                 out.write("\n ]\n}\n")
-            with atomic_path(self.out_dir / INDEX_HTML) as tmp, \
-                    open(tmp, "w", encoding="utf-8") as out:
-                _write_html(out, header, self.entries())
+            with atomic_open(self.out_dir / INDEX_HTML, "w", encoding="utf-8") as out:
+                _write_html(out, header, read_index_entries(self.out_dir / INDEX_JSON))
         finally:
-            self.path.unlink(missing_ok=True)
+            self.discard()
 
     def discard(self) -> None:
-        self.handle.close()
-        self.path.unlink(missing_ok=True)
+        self._scratch.__exit__(None, None, None)
+
+
+_FOLDER_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")  # what folder_name makes
+_INDEX_READ_LIMIT = 64 << 20  # an index.json not in our line layout is read whole up to this
+
+
+def read_index_entries(path: Path) -> Iterator[dict[str, Any]]:
+    """The ``texts`` of an export's index.json, streamed (one entry per line, as written);
+    nothing for a file that is missing, a link, or not an attnviz export index."""
+    import stat
+
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        header: list[bytes] = []
+        for raw in handle:
+            if raw.strip() == b'"texts": [':
+                break
+            header.append(raw)
+            if len(header) > 1000:
+                header = []
+                break
+        else:
+            header = []
+        if not header:
+            yield from _index_entries_whole(handle)
+            return
+        if b'"format": "attnviz-export-index"' not in b"".join(header):
+            return
+        for raw in handle:
+            line = raw.strip().rstrip(b",")
+            if line in (b"]", b"}", b""):
+                if line == b"]":
+                    return
+                continue
+            try:
+                entry = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                return
+            if isinstance(entry, dict):
+                yield entry
+
+
+def _index_entries_whole(handle: IO[bytes]) -> Iterator[dict[str, Any]]:
+    handle.seek(0)
+    data = handle.read(_INDEX_READ_LIMIT + 1)
+    if len(data) > _INDEX_READ_LIMIT:
+        return
+    try:
+        index = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return
+    if not isinstance(index, dict) or index.get("format") != "attnviz-export-index":
+        return
+    for entry in index.get("texts") or []:
+        if isinstance(entry, dict):
+            yield entry
+
+
+def _is_dir(path: Path) -> bool:
+    """A real folder (not a link to one)."""
+    import stat
+
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _write_html(out: IO[str], header: dict[str, Any], entries: Iterable[dict[str, Any]]) -> None:
@@ -634,7 +905,7 @@ def _write_html(out: IO[str], header: dict[str, Any], entries: Iterable[dict[str
               "max-width:80em}figure{margin:1.5em 0;border-top:1px solid #ccc;"
               "padding-top:1em}img{max-width:100%;height:auto}.failed{color:#b00}"
               "code{background:#f4f4f4}</style></head><body>\n<h1>attnviz export</h1>\n")
-    out.write(f"<p>{escape(str(summary.get('texts', 0)))} texts: "
+    out.write(f"<p>Last run: {escape(str(summary.get('texts', 0)))} texts: "
               f"{escape(str(summary.get('exported', 0)))} exported, "
               f"{escape(str(summary.get('skipped', 0)))} skipped, "
               f"{escape(str(summary.get('failed', 0)))} failed. Settings: "
@@ -687,6 +958,18 @@ class _Pending:
     written: int
     existing: int
     started: float
+
+
+class _Entries(_Index):
+    """Index entries kept in memory: one worker's share of a distributed export."""
+
+    def __init__(self) -> None:  # no file: the driver writes the index
+        self.items: list[dict[str, Any]] = []
+        self.count = 0
+
+    def add(self, entry: dict[str, Any]) -> None:
+        self.items.append(entry)
+        self.count += 1
 
 
 @dataclass
@@ -749,7 +1032,7 @@ class Exporter:
         self.jobs = options.jobs or default_jobs()
         self.summary = ExportSummary(out_dir)
         self.settings = options.settings()
-        self._source: AttentionSource | None = None
+        self._loaded = False  # the model loaded once: a later load error is one text's
         self._pool: Any = None
         self._seen: dict[str, str] = {}
         self._pending: collections.deque[_Pending | _Ready] = collections.deque()
@@ -758,6 +1041,7 @@ class Exporter:
         self._stream: _Lookahead | None = None
         # Captures of texts further down the input, from the last batch (at most batch_size).
         self._prefetched: dict[int, tuple[ExportItem, Capture | InputError]] = {}
+        self._drawing: set[Path] = set()  # text folders the workers are writing to
 
     # ------------------------------------------------------------------ model
     def _describe_model(self) -> dict[str, Any]:
@@ -777,22 +1061,18 @@ class Exporter:
             self.session = default_session()
         return self.session
 
-    def _load(self) -> AttentionSource:
-        if self._source is None:
-            if self.spec is None:
-                raise UsageError("no model to run texts with")
-            session = self._session()
-            if self.spec.name != "toy" and not session.is_loaded(self.spec):
-                self.progress.note(f"Loading {self.spec.name}...")
-            self._source = session.source(self.spec)
-        return self._source
+    def _announce(self, name: str) -> None:
+        self.progress.note(f"Loading {name}...")
 
     def _capture_text(self, text: str, pair: str | None) -> Capture:
         assert self.spec is not None
-        self._load()
-        return self._session().capture(text, pair, model=self.spec, max_tokens=self.max_tokens,
-                                       truncate=self.truncate, use_cache=self.use_cache,
-                                       write_cache=False)
+        session = self._session()
+        with session.announcing(self._announce):
+            capture = session.capture(text, pair, model=self.spec, max_tokens=self.max_tokens,
+                                      truncate=self.truncate, use_cache=self.use_cache,
+                                      write_cache=False)
+        self._loaded = self._loaded or session.is_loaded(self.spec)
+        return capture
 
     def _capture_item(self, item: ExportItem, text: str, pair: str | None) -> Capture:
         """The capture of a text item: from the current batch, else from a new one."""
@@ -822,13 +1102,15 @@ class Exporter:
                 names.add(name)
                 batch.append(other)
         texts = [(text, pair)] + [(other.text or "", other.pair) for other in batch[1:]]
+        session = self._session()
         try:
-            self._load()
-            for other, result in zip(batch, self._session().captures(
-                    texts, model=self.spec, batch_size=self.batch_size,
-                    max_tokens=self.max_tokens, truncate=self.truncate,
-                    use_cache=self.use_cache, write_cache=False)):
-                self._prefetched[id(other)] = (other, result)
+            with session.announcing(self._announce):
+                for other, result in zip(batch, session.captures(
+                        texts, model=self.spec, batch_size=self.batch_size,
+                        max_tokens=self.max_tokens, truncate=self.truncate,
+                        use_cache=self.use_cache, write_cache=False)):
+                    self._prefetched[id(other)] = (other, result)
+            self._loaded = self._loaded or session.is_loaded(self.spec)
         except InputError:
             pass  # the texts left run one by one, where the error is reported as usual
 
@@ -884,24 +1166,60 @@ class Exporter:
 
         self._pool = ProcessPoolExecutor(max_workers=self.jobs,
                                          mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_worker_start)
+                                         initializer=_worker_start, initargs=(os.getpid(),))
         for _ in range(self.jobs):  # start every worker now, while the model loads
             self._pool.submit(_warm)
 
     def _stop_pool(self, cancel: bool) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=cancel)
-            self._pool = None
+        """Wait for the workers to finish, or (``cancel``) end them now: an interrupted or
+        failed export stops drawing at once, and their temporary files are removed."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if not cancel:
+            pool.shutdown(wait=True)
+            return
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        for process in processes:
+            with contextlib.suppress(Exception):
+                process.terminate()
+        for process in processes:
+            with contextlib.suppress(Exception):
+                process.join(5)
+                if process.is_alive():
+                    process.kill()
+                    process.join(5)
+        pool.shutdown(wait=True, cancel_futures=True)
+        for folder in self._drawing:  # what the ended workers were writing
+            _clean_temporaries(folder, self.out_dir)
 
     # ------------------------------------------------------------------ run
     def run(self, items: Iterable[ExportItem]) -> ExportSummary:
-        from attnviz.fileio import ensure_dir
+        """Export ``items``; see :func:`export_items`.
 
+        The output folder is locked for the run (a second export into it fails at once with
+        an :class:`OutputError` naming the first one's process), and a folder this call created
+        is removed again if the run ends with nothing written in it.
+        """
+        from attnviz.fileio import FolderLock, ensure_dir, remove_empty_dirs
+
+        created: list[Path] = []
+        ensure_dir(self.out_dir, created=created)
+        lock = FolderLock(self.out_dir, LOCK_NAME, "another export")
+        try:
+            lock.acquire()
+            return self._run(items)
+        finally:
+            lock.release()
+            remove_empty_dirs(created)  # only folders left empty: a failed start
+
+    def _run(self, items: Iterable[ExportItem]) -> ExportSummary:
         started = time.perf_counter()
-        ensure_dir(self.out_dir)
-        stream = _Lookahead(items, max(self.jobs, self.batch_size))
+        stream = _Lookahead(items, max(self.jobs, self.batch_size, SMALL_JOB_TEXTS))
         self._stream = stream
-        if stream.ahead() <= 1 and len(self.options.figures) == 1:
+        if self.options.jobs is None:
+            self.jobs = jobs_for(stream.peek(), self.jobs)
+        elif stream.ahead() <= 1 and len(self.options.figures) == 1:
             self.jobs = 1  # one text, one kind of figure: one frame, nothing to share
         self._start_pool()
         index = _Index(self.out_dir)
@@ -975,9 +1293,9 @@ class Exporter:
               folder: str | None = None) -> dict[str, Any]:
         self.summary.add_failure(item.origin or label, message)
         self.progress.end_text(label, "failed", message)
-        return {"number": number, "origin": item.origin, "id": item.id, "text": item.text,
-                "pair": item.pair, "folder": folder, "status": "failed", "error": message,
-                "files": []}
+        return {"number": number, "origin": item.origin, "id": _printable(item.id),
+                "text": _printable(item.text), "pair": _printable(item.pair), "folder": folder,
+                "status": "failed", "error": message, "files": []}
 
     def _one(self, number: int, item: ExportItem, ahead: int) -> None:
         from attnviz.errors import DeviceError, ModelLoadError
@@ -993,9 +1311,9 @@ class Exporter:
                 raise  # a selection that does not fit the model fits no text: stop
             self._pending.append(_Ready(self._fail(number, item, label, error.message)))
         except AttnvizError as error:
-            if isinstance(error, OutputError):
+            if isinstance(error, OutputError) and not isinstance(error, LinkError):
                 raise  # the output folder is not writable: every text would fail
-            if isinstance(error, (ModelLoadError, DeviceError)) and self._source is None \
+            if isinstance(error, (ModelLoadError, DeviceError)) and not self._loaded \
                     and item.dump is None:
                 raise  # the model cannot be loaded: every text would fail
             self._pending.append(_Ready(self._fail(number, item, label, error.message)))
@@ -1019,26 +1337,17 @@ class Exporter:
                 check_text(pair, "the pair")
             source = self._model_settings
             name = folder_name(text, pair, item.id)
-        identity = json.dumps([text, pair, source], ensure_ascii=False)
-        key = name.lower()
-        previous = self._seen.get(key)
-        if previous is not None:
-            if previous == identity:
-                self.summary.skipped += 1
-                self.progress.end_text(label, "skipped", f"the same text as before ({name})")
-                self._pending.append(_Ready({
-                    "number": number, "origin": item.origin, "id": item.id, "text": text,
-                    "pair": pair, "folder": name, "status": "duplicate", "files": []}))
-                return
-            raise InputError(f"{label}: id {item.id!r} is used by another text in this input",
-                             "give every JSONL line its own id")
-        self._seen[key] = identity
+        duplicate = self._claim(number, item, label, text, pair, name, source)
+        if duplicate is not None:
+            self._pending.append(_Ready(duplicate))
+            return
         folder = self.out_dir / name
+        self._check_folder(folder)
         settings = {**self.settings, "source": source}
         manifest = _read_json(folder / MANIFEST)
         same = self._same_export(manifest, settings, text, pair)
         if same and not options.force and manifest is not None and manifest.get("complete") \
-                and all((folder / f).is_file() for f in manifest.get("files", [])):
+                and all(_is_file(folder / f) for f in manifest.get("files", [])):
             self.summary.skipped += 1
             self.summary.files_skipped += len(manifest.get("files", []))
             self.progress.end_text(label, "skipped", f"complete from an earlier run ({name})")
@@ -1050,9 +1359,9 @@ class Exporter:
             if not resume:
                 self._remove_outputs(folder)
         capture: Capture | None = None
-        if resume and (folder / "capture.json").is_file():
+        if resume and _is_file(folder / "capture.json"):
             try:
-                capture = load_capture(folder, mmap=True)
+                capture = load_capture(folder, mmap=False)  # a copy: the file may change
             except AttnvizError:
                 capture = None
         if capture is None:
@@ -1064,6 +1373,15 @@ class Exporter:
                 capture = self._select(self._capture_item(item, text, pair))
             for message in capture.meta.get("warnings", []):
                 self.progress.note(f"{label}: {message}")
+        if options.tokens or options.queries or options.keys:
+            from attnviz.analysis.tokens import check_windows, view_labels
+
+            try:  # a window that does not fit this text fails the text, not the export
+                check_windows(view_labels(capture, words=options.words,
+                                          exclude_special=options.exclude_special),
+                              options.tokens, options.queries, options.keys)
+            except UsageError as error:
+                raise InputError(error.message, error.hint) from None
         manifest = {
             "format": MANIFEST_FORMAT, "format_version": 1, "attnviz": __version__,
             "complete": False, "settings": settings, "origin": item.origin, "id": item.id,
@@ -1073,7 +1391,7 @@ class Exporter:
         }
         _write_json(folder / MANIFEST, manifest)
         written = existing = 0
-        if (folder / "capture.json").is_file() and (folder / "attention.npy").is_file():
+        if _is_file(folder / "capture.json") and _is_file(folder / "attention.npy"):
             existing += 2
         else:
             capture.save(folder)
@@ -1087,15 +1405,16 @@ class Exporter:
             from attnviz.analysis.tokens import exclude_special
 
             view = exclude_special(view)
-        if (folder / TOPK_CSV).is_file():
+        if _is_file(folder / TOPK_CSV):
             existing += 1
         else:
             import numpy as np
 
+            from attnviz.analysis.tokens import piece_labels
             from attnviz.analysis.topk import topk_csv
 
             _write(folder / TOPK_CSV, topk_csv(np.asarray(view.weights), list(view.layers),
-                                               list(view.heads), list(view.display_tokens),
+                                               list(view.heads), piece_labels(view),
                                                options.top_k, causal=view.causal
                                                ).encode("utf-8"))
             written += 1
@@ -1122,29 +1441,126 @@ class Exporter:
                 pending.existing += kept
                 self.progress.advance(kept)
         else:
+            self._drawing.add(folder)
             pending.futures = [self._pool.submit(render_task, task) for task in tasks]
         self._pending.append(pending)
+
+    def _claim(self, number: int, item: ExportItem, label: str, text: str, pair: str | None,
+               name: str, source: dict[str, Any]) -> dict[str, Any] | None:
+        """Reserve a text's folder: ``None`` for a new text, the index entry of a repeat.
+
+        Raises:
+            InputError: another text of this input uses the same id.
+        """
+        identity = json.dumps([text, pair, source], ensure_ascii=False)
+        key = name.lower()
+        previous = self._seen.get(key)
+        if previous is None:
+            self._seen[key] = identity
+            return None
+        if previous != identity:
+            raise InputError(f"{label}: id {item.id!r} is used by another text in this input",
+                             "give every JSONL line its own id")
+        self.summary.skipped += 1
+        self.progress.end_text(label, "skipped", f"the same text as before ({name})")
+        return {"number": number, "origin": item.origin, "id": item.id, "text": text,
+                "pair": pair, "folder": name, "status": "duplicate", "files": []}
+
+    # ------------------------------------------------------------------ distributed runs
+    # A distributed export (attnviz.engine.ray_export) splits run(): the driver numbers the
+    # items and admits each text once, workers export their share with export_part (drawing
+    # in their own process), and the driver writes the index from every entry.
+    def admit(self, number: int, item: ExportItem) -> dict[str, Any] | None:
+        """Driver side: the index entry of an item settled without a model (an unreadable
+        line, an unusable text, a repeat of an earlier text), or ``None`` for a new text that
+        a worker exports. Texts only: saved captures (``dump``) are not admitted."""
+        label = item.origin or f"text {number}"
+        if item.error:
+            return self._fail(number, item, label, item.error)
+        if item.dump is not None:
+            return self._fail(number, item, label, "saved captures are exported locally")
+        text, pair = item.text or "", item.pair
+        try:
+            check_text(text)
+            if pair is not None:
+                check_text(pair, "the pair")
+            return self._claim(number, item, label, text, pair, folder_name(text, pair, item.id),
+                               self._model_settings)
+        except InputError as error:
+            return self._fail(number, item, label, error.message)
+
+    def export_part(self, numbered: Sequence[tuple[int, ExportItem]]) -> list[dict[str, Any]]:
+        """Worker side: export these items here, in order; returns their index entries.
+
+        Drawing happens in this process (``jobs`` is not used); texts run through the model
+        ``batch_size`` at a time. Files are written atomically and complete folders are
+        skipped, so running the same part again (a retried task) writes nothing twice.
+
+        Raises:
+            UsageError, OutputError, ModelLoadError: as :meth:`run` (every text would fail).
+        """
+        numbers = {id(item): number for number, item in numbered}
+        stream = _Lookahead((item for _, item in numbered), self.batch_size)
+        self._stream = stream
+        entries = _Entries()
+        try:
+            for item in stream:
+                self._one(numbers[id(item)], item, 0)
+                while self._pending:
+                    self._finish(self._pending.popleft(), entries)
+        finally:
+            self._prefetched.clear()
+            self._pending.clear()
+        return entries.items
+
+    def write_index(self, entries: Iterable[dict[str, Any]]) -> None:
+        """Driver side: index.json and index.html (and report.html with ``html=True``) from
+        every text's entry, in input order. When ``entries`` stops with an exception, what
+        came before it is indexed and the exception raised."""
+        from attnviz.fileio import ensure_dir
+
+        ensure_dir(self.out_dir)
+        index = _Index(self.out_dir)
+        try:
+            for entry in entries:
+                index.add(entry)
+            if self.options.html:
+                self._write_report(index)
+        except BaseException:
+            if index.count:
+                self._write_index(index)
+            else:
+                index.discard()
+            raise
+        self._write_index(index)
 
     def _remove_outputs(self, folder: Path) -> None:
         """Drop the files of an export made with other settings (only names this module
         writes, so nothing else in the folder is touched)."""
+        from attnviz.fileio import list_folder, remove_file
+
         candidates = [folder / MANIFEST, folder / TOPK_CSV, folder / "attention.npy",
                       folder / "capture.json"]
         for fmt in FORMATS:
             candidates.append(folder / overview_file(fmt))
-        for sub in (HEADS_DIR, LAYERS_DIR):
-            try:
-                candidates += [p for p in (folder / sub).iterdir()
-                               if p.suffix.lstrip(".") in FORMATS and p.name.startswith("L")]
-            except OSError:
-                pass
+        for sub in (HEADS_DIR, LAYERS_DIR):  # listed without following links (see fileio)
+            candidates += [folder / sub / name for name in list_folder(folder / sub,
+                                                                         self.out_dir)
+                           if name.rsplit(".", 1)[-1] in FORMATS and name.startswith("L")]
         for path in candidates:
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                raise OutputError(f"cannot replace {path}: {exc.strerror or exc}") from None
+            remove_file(path, self.out_dir)
+
+    def _check_folder(self, folder: Path) -> None:
+        """Refuse a text folder (or its ``heads/``, ``layers/``) that is a symbolic link.
+
+        Raises:
+            LinkError: a link; the text fails, nothing is written through it.
+        """
+        from attnviz.fileio import check_folder
+
+        if check_folder(folder, self.out_dir):
+            for sub in (HEADS_DIR, LAYERS_DIR):
+                check_folder(folder / sub, self.out_dir)
 
     def _tasks(self, folder: Path, capture: Capture, ahead: int) -> list[RenderTask]:
         options = self.options
@@ -1157,7 +1573,9 @@ class Exporter:
                  with_overview: bool) -> RenderTask:
             return RenderTask(str(folder), tuple(head_part), tuple(layer_part), with_overview,
                               options.fmt, options.dpi, options.cmap, options.annot,
-                              options.words, options.exclude_special)
+                              options.words, options.exclude_special, options.scale,
+                              options.gamma, options.vmax, options.tokens, options.queries,
+                              options.keys)
 
         # Enough texts to keep every worker busy: one task per text, so each frame is drawn
         # once. Otherwise the workers share this text: the overview, the layer grids and the
@@ -1197,22 +1615,25 @@ class Exporter:
             pending.written += done
             pending.existing += kept
             self.progress.advance(done + kept)
+        self._drawing.discard(pending.folder)
         self.summary.files_written += pending.written
         self.summary.files_skipped += pending.existing
         name = pending.folder.name
-        if isinstance(error, OutputError):
+        if isinstance(error, OutputError) and not isinstance(error, LinkError):
             raise error  # the output folder is not writable: every text would fail
         if error is not None:
             index.add(self._fail(pending.number, pending.item, pending.label, error.message,
                                  folder=name))
             return
-        missing = [f for f in pending.manifest["files"] if not (pending.folder / f).is_file()]
+        missing = [f for f in pending.manifest["files"] if not _is_file(pending.folder / f)]
         if missing:
             index.add(self._fail(pending.number, pending.item, pending.label,
                                  f"{len(missing)} files were not written (first: {missing[0]})",
                                  folder=name))
             return
         pending.manifest["complete"] = True
+        # Listed first: an interruption right after the manifest still finds the text listed.
+        index.add(self._entry(pending.number, pending.item, name, pending.manifest, "exported"))
         _write_json(pending.folder / MANIFEST, pending.manifest)
         self.summary.files_written += 1
         self.summary.exported += 1
@@ -1220,7 +1641,6 @@ class Exporter:
         self.progress.end_text(pending.label, "exported",
                                f"{name}: {pending.written + 1} files written, "
                                f"{pending.existing} kept ({seconds:.1f} s)")
-        index.add(self._entry(pending.number, pending.item, name, pending.manifest, "exported"))
 
     def _entry(self, number: int, item: ExportItem, name: str, manifest: dict[str, Any],
                status: str) -> dict[str, Any]:

@@ -1,4 +1,20 @@
-"""Writing files safely: atomically, inside a chosen folder, with names valid everywhere."""
+"""Writing files safely: atomically, inside a chosen folder, with names valid everywhere.
+
+Every command that writes goes through this module. The rules it keeps:
+
+* **Nothing is written through a symbolic link inside the output folder.** The folder a user
+  names (``-o OUT_DIR``, or the folder of ``-o file.png``) is theirs to choose, links and all;
+  below it, every folder is opened with ``O_NOFOLLOW`` relative to its parent's descriptor, so
+  a link planted inside (``OUT_DIR/text -> ~``) is refused with a :class:`LinkError` naming it,
+  and no race can redirect a write. A link standing where a *file* goes is replaced, never
+  written through.
+* **Temporary files are unique and exclusive**: ``.NAME.PID.RANDOM.tmp``, created with
+  ``O_CREAT | O_EXCL | O_NOFOLLOW`` in the target's folder, then renamed onto the target. A
+  name planted in advance is never opened.
+* **Stale temporaries are ours only**: a later run removes, in a folder it writes to, regular
+  files whose names match that pattern and whose process is gone. Nothing else is deleted.
+* OS errors become :class:`~attnviz.errors.OutputError` with a message that names the fix.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +23,16 @@ import errno
 import hashlib
 import os
 import re
-import tempfile
+import secrets
+import stat
+import sys
+import time
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from attnviz.errors import OutputError
+from attnviz.errors import InputError, OutputError
 
 # Names Windows refuses whatever the extension.
 _WINDOWS_RESERVED = {
@@ -22,7 +41,29 @@ _WINDOWS_RESERVED = {
     *(f"lpt{i}" for i in range(10)),
 }  # fmt: skip
 
+NAME_MAX = 255  # bytes in one file name on every common file system
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_BINARY = getattr(os, "O_BINARY", 0)
+# Descriptor-relative calls (openat, mkdirat, renameat, unlinkat) make every step race-free.
+_DIR_FD = (_O_NOFOLLOW != 0 and _O_DIRECTORY != 0
+           and {os.open, os.mkdir, os.rename, os.unlink, os.stat} <= os.supports_dir_fd
+           and os.scandir in os.supports_fd)
 
+# Our temporary files: ".<target name>.<pid>.<8 hex>.tmp".
+_TEMP_RE = re.compile(r"^\..+\.(?P<pid>[0-9]+)\.[0-9a-f]{8}\.tmp$")
+# Temporaries of earlier versions (mkstemp: ".<target name>.<8 random>.tmp"), removed once old.
+_LEGACY_TEMP_RE = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+_LEGACY_TEMP_AGE = 3600.0  # seconds
+_CLEANED: set[tuple[int, int]] = set()  # folders (device, inode) cleaned by this process
+
+
+class LinkError(OutputError):
+    """A symbolic link stands where attnviz would write inside the output folder."""
+
+
+# --------------------------------------------------------------------------- messages
 def _describe_os_error(exc: OSError, path: Path) -> OutputError:
     if exc.errno == errno.ENOSPC:
         return OutputError(f"no space left on the device while writing {path}",
@@ -37,13 +78,70 @@ def _describe_os_error(exc: OSError, path: Path) -> OutputError:
         return OutputError(f"cannot write {path}: it is a folder",
                            "give a file name, e.g. -o attention.png")
     if exc.errno == errno.ENAMETOOLONG:
-        return OutputError(f"cannot write {path}: the file name is too long",
-                           "choose a shorter output name with -o")
+        return OutputError(f"cannot write {_shorten(path)}: the file name is too long",
+                           f"choose a shorter output name with -o (at most {NAME_MAX} bytes "
+                           "per name)")
+    if exc.errno == errno.ELOOP:
+        return LinkError(f"cannot write {path}: too many symbolic links",
+                         "choose another output location with -o")
     return OutputError(f"cannot write {path}: {exc.strerror or exc}")
 
 
-def ensure_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) as a folder, with an :class:`OutputError` on failure."""
+def _shorten(path: Path | str, limit: int = 120) -> str:
+    text = str(path)
+    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 3:]}"
+
+
+def _check_name_length(path: Path) -> None:
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise OutputError(f"cannot write {_shorten(path)}: the name {_shorten(part, 40)!r} "
+                              f"is too long ({len(os.fsencode(part))} bytes)",
+                              f"choose a shorter output name with -o (at most {NAME_MAX} bytes "
+                              "per name)")
+
+
+def _link_error(shown: Path, dir_fd: int | None, name: str) -> OutputError:
+    """What to say about ``name`` that could not be opened as a folder."""
+    try:
+        info = os.stat(name if dir_fd is not None else shown, dir_fd=dir_fd,
+                       follow_symlinks=False)
+    except OSError as exc:
+        return _describe_os_error(exc, shown)
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            target = os.readlink(name if dir_fd is not None else shown, dir_fd=dir_fd)
+        except OSError:
+            target = "?"
+        return LinkError(f"{shown} is a symbolic link (to {target}); attnviz never writes "
+                         "through links inside the output folder",
+                         "remove the link, or choose another output folder with -o")
+    return OutputError(f"cannot write {shown}: a file stands where a folder is needed",
+                       "choose another output location with -o")
+
+
+# --------------------------------------------------------------------------- folders
+def ensure_dir(path: Path | str, *, created: list[Path] | None = None) -> Path:
+    """Create ``path`` (and parents) as a folder, with an :class:`OutputError` on failure.
+
+    ``path`` is the folder the user chose, so links in it are followed. Folders this call made
+    are appended to ``created`` (outermost first) when a list is given.
+    """
+    path = Path(path)
+    _check_name_length(path)
+    missing: list[Path] = []
+    probe = path
+    while True:
+        try:
+            os.stat(probe)
+            break
+        except FileNotFoundError:
+            missing.append(probe)
+            if probe.parent == probe:
+                break
+            probe = probe.parent
+        except OSError:
+            break  # reported by mkdir below
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -51,66 +149,594 @@ def ensure_dir(path: Path) -> Path:
                           "choose another output folder with -o") from None
     except OSError as exc:
         raise _describe_os_error(exc, path) from None
+    if created is not None:
+        created.extend(reversed(missing))
     return path
 
 
-@contextlib.contextmanager
-def atomic_path(target: Path | str) -> Iterator[Path]:
-    """Yield a temporary path in the target's folder; rename it onto ``target`` on success.
+def remove_empty_dirs(folders: Sequence[Path]) -> None:
+    """Remove ``folders`` (innermost last in the list) that are still empty; never raises."""
+    for folder in reversed(list(folders)):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
 
-    The temporary file is removed if the body raises (including ``KeyboardInterrupt``), so an
-    interrupted write never leaves a half-written ``target``. OS errors become
-    :class:`OutputError` with a message that says what to do.
-    """
-    target = Path(target)
-    folder = target.parent if str(target.parent) else Path(".")
-    if folder.exists() and not folder.is_dir():
-        raise OutputError(f"cannot write {target}: {folder} is a file, not a folder",
-                          "choose another output location with -o")
-    if target.is_dir():
-        raise OutputError(f"cannot write {target}: it is a folder",
-                          "give a file name, e.g. -o attention.png")
-    ensure_dir(folder)
+
+def _split(target: Path, root: Path | None) -> tuple[Path, tuple[str, ...], str]:
+    """``(root, folders between root and target, file name)``; refuses ``..`` and absolute
+    parts, so nothing can leave ``root``."""
+    if root is None:
+        parent = target.parent
+        return (parent if str(parent) else Path(".")), (), target.name
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name[:80]}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise _describe_os_error(exc, target) from None
-    os.close(fd)
-    tmp = Path(tmp_name)
-    # mkstemp creates 0600 files; give the result the permissions a normal file would get.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    try:
-        yield tmp
-        os.replace(tmp, target)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise _describe_os_error(exc, target) from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        relative = target.relative_to(root)
+    except ValueError:
+        raise OutputError(f"refusing to write {target} outside {root}") from None
+    parts = relative.parts
+    if not parts or any(p in ("", ".", "..") for p in parts):
+        raise OutputError(f"refusing to write {target} outside {root}")
+    return root, tuple(parts[:-1]), parts[-1]
 
 
-def atomic_write(target: Path | str, write: Callable[[IO[bytes]], object]) -> Path:
-    """Write ``target`` atomically by calling ``write(binary_file)`` on a temporary file."""
-    target = Path(target)
-    with atomic_path(target) as tmp:
+def _folder_parts(folder: Path, root: Path | str | None) -> tuple[Path, tuple[str, ...]]:
+    """``(root, names from root down to folder)`` for :func:`open_folder`."""
+    if root is not None and folder == Path(root):
+        return folder, ()
+    base, parents, name = _split(folder, None if root is None else Path(root))
+    return base, (*parents, name)
+
+
+class _Folder:
+    """An open folder: a descriptor where the OS supports it, else a checked path."""
+
+    def __init__(self, path: Path, fd: int | None) -> None:
+        self.path = path
+        self.fd = fd
+
+    def at(self, name: str) -> str:
+        """The first argument of an ``*at`` call for ``name`` (the name, or the full path)."""
+        return name if self.fd is not None else str(self.path / name)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def lstat(self, name: str) -> os.stat_result:
+        return os.stat(self.at(name), dir_fd=self.fd, follow_symlinks=False)
+
+    def names(self) -> list[str]:
         try:
-            with open(tmp, "wb") as handle:
-                write(handle)
-                handle.flush()
-                os.fsync(handle.fileno())
+            with os.scandir(self.fd if self.fd is not None else self.path) as entries:
+                return [entry.name for entry in entries]
+        except OSError:
+            return []
+
+    def child(self, name: str, *, create: bool) -> _Folder:
+        """Open the sub-folder ``name`` without following a link (create it if asked)."""
+        shown = self.path / name
+        for _attempt in range(3):
+            if self.fd is None:  # no descriptor-relative calls: check, then use the path
+                if os.path.islink(shown):
+                    raise _link_error(shown, None, name)
+                if os.path.isdir(shown):
+                    return _Folder(shown, None)
+            else:
+                try:
+                    fd = os.open(name, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC,
+                                 dir_fd=self.fd)
+                    return _Folder(shown, fd)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                        raise _link_error(shown, self.fd, name) from None
+                    raise _describe_os_error(exc, shown) from None
+            if not create:
+                raise FileNotFoundError(errno.ENOENT, "no such folder", str(shown))
+            try:
+                os.mkdir(self.at(name), 0o777, dir_fd=self.fd)
+            except FileExistsError:
+                continue  # made by someone else meanwhile (or a file/link: reported above)
+            except OSError as exc:
+                raise _describe_os_error(exc, shown) from None
+        raise _link_error(shown, self.fd, name)
+
+
+@contextlib.contextmanager
+def open_folder(root: Path | str, parts: Sequence[str] = (), *, create: bool = True
+                ) -> Iterator[_Folder]:
+    """Open ``root / parts...`` for writing: ``root`` as the user gave it, each part below it
+    without following links (a link raises :class:`LinkError`)."""
+    root = Path(root) if str(root) else Path(".")
+    _check_name_length(root)
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise OutputError(f"cannot write into {root}: it is a file, not a folder",
+                          "choose another output location with -o")
+    if create:
+        ensure_dir(root)
+    folder: _Folder
+    if _DIR_FD:
+        try:
+            folder = _Folder(root, os.open(root, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC))
+        except OSError as exc:
+            if exc.errno == errno.ENOTDIR:
+                raise OutputError(f"cannot write into {root}: it is a file, not a folder",
+                                  "choose another output location with -o") from None
+            raise _describe_os_error(exc, root) from None
+    else:
+        folder = _Folder(root, None)
+    try:
+        for part in parts:
+            child = folder.child(part, create=create)
+            folder.close()
+            folder = child
+        yield folder
+    finally:
+        folder.close()
+
+
+def check_folder(path: Path | str, root: Path | str) -> bool:
+    """Whether ``path`` (inside ``root``) is a real folder; ``False`` if it does not exist.
+
+    Raises:
+        LinkError: ``path`` or a folder between ``root`` and it is a symbolic link.
+        OutputError: a file stands there.
+    """
+    target, root = Path(path), Path(root)
+    if target == root:
+        return os.path.isdir(root)
+    base, parts, name = _split(target, root)
+    try:
+        with open_folder(base, (*parts, name), create=False):
+            return True
+    except FileNotFoundError:
+        return False
+
+
+def is_regular_file(path: Path | str, root: Path | str | None = None) -> bool:
+    """Whether ``path`` is a regular file (not a link, not a folder), reached without links
+    below ``root``."""
+    target = Path(path)
+    base, parts, name = _split(target, None if root is None else Path(root))
+    try:
+        with open_folder(base, parts, create=False) as folder:
+            return stat.S_ISREG(folder.lstat(name).st_mode)
+    except (OSError, OutputError):
+        return False
+
+
+def list_folder(path: Path | str, root: Path | str | None = None) -> list[str]:
+    """Names in the folder ``path`` (below ``root`` without links); ``[]`` if it is missing,
+    a link or unreadable."""
+    base, parts = _folder_parts(Path(path), root)
+    try:
+        with open_folder(base, parts, create=False) as folder:
+            return folder.names()
+    except (OSError, OutputError):
+        return []
+
+
+def remove_file(path: Path | str, root: Path | str | None = None) -> bool:
+    """Remove the file (or the link itself) ``path``; never follows a link, never removes a
+    folder. Returns whether something was removed.
+
+    Raises:
+        OutputError: it exists but cannot be removed.
+    """
+    target = Path(path)
+    base, parts, name = _split(target, None if root is None else Path(root))
+    try:
+        with open_folder(base, parts, create=False) as folder:
+            try:
+                if stat.S_ISDIR(folder.lstat(name).st_mode):
+                    return False
+                os.unlink(folder.at(name), dir_fd=folder.fd)
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                raise OutputError(f"cannot replace {target}: {exc.strerror or exc}") from None
+            return True
+    except FileNotFoundError:
+        return False
+    except LinkError:
+        return False  # a link below root: nothing of ours is behind it
+
+
+# --------------------------------------------------------------------------- temporaries
+def _temp_name(name: str) -> str:
+    short = os.fsencode(name)[:80].decode("utf-8", "ignore") or "file"
+    return f".{short}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def _create_temp(folder: _Folder, name: str, target: Path, *, read: bool = False
+                 ) -> tuple[str, int]:
+    """Create a new, unique temporary file beside ``name``; returns its name and descriptor
+    (write-only, or read-write with ``read``)."""
+    flags = ((os.O_RDWR if read else os.O_WRONLY) | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW
+             | _O_CLOEXEC | _O_BINARY)
+    for _attempt in range(100):
+        tmp = _temp_name(name)
+        try:
+            return tmp, os.open(folder.at(tmp), flags, 0o666, dir_fd=folder.fd)
+        except FileExistsError:
+            continue
         except OSError as exc:
             raise _describe_os_error(exc, target) from None
+    raise OutputError(f"cannot create a temporary file beside {target}",
+                      "remove the files named .*.tmp in that folder")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is one of our temporary file names (of this version or earlier)."""
+    return bool(_TEMP_RE.match(name) or _LEGACY_TEMP_RE.match(name))
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if sys.platform == "win32":  # os.kill would end the process there
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True
+    return True
+
+
+def _is_stale(name: str, info: os.stat_result) -> bool:
+    if not stat.S_ISREG(info.st_mode):
+        return False  # only our own regular files are ever removed
+    match = _TEMP_RE.match(name)
+    if match is not None:
+        try:
+            pid = int(match.group("pid"))
+        except ValueError:
+            return False
+        if sys.platform == "win32":
+            return time.time() - info.st_mtime > _LEGACY_TEMP_AGE
+        return not _pid_alive(pid)
+    if _LEGACY_TEMP_RE.match(name):
+        return time.time() - info.st_mtime > _LEGACY_TEMP_AGE
+    return False
+
+
+def _clean_folder(folder: _Folder, *, force: bool = False) -> int:
+    """Remove stale temporaries of ours from an open folder (once per process unless
+    ``force``); returns how many."""
+    try:
+        info = (os.fstat(folder.fd) if folder.fd is not None else os.stat(folder.path))
+    except OSError:
+        return 0
+    key = (info.st_dev, info.st_ino)
+    if key in _CLEANED and not force:
+        return 0
+    _CLEANED.add(key)
+    removed = 0
+    for name in folder.names():
+        if not name.endswith(".tmp") or not name.startswith("."):
+            continue
+        try:
+            if _is_stale(name, folder.lstat(name)):
+                os.unlink(folder.at(name), dir_fd=folder.fd)
+                removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def clean_temporaries(path: Path | str, root: Path | str | None = None, *,
+                      force: bool = True) -> int:
+    """Remove stale temporaries of ours in the folder ``path`` (reached below ``root`` without
+    links; a link is left alone). Returns how many were removed."""
+    base, parts = _folder_parts(Path(path), root)
+    try:
+        with open_folder(base, parts, create=False) as folder:
+            return _clean_folder(folder, force=force)
+    except (OSError, OutputError):
+        return 0
+
+
+# --------------------------------------------------------------------------- atomic writes
+@contextlib.contextmanager
+def _atomic(target: Path, root: Path | None) -> Iterator[tuple[_Folder, str, int]]:
+    """Create a temporary file beside ``target``; rename it onto ``target`` on success.
+
+    Yields ``(folder, temporary name, descriptor)``; the caller owns the descriptor (it must
+    be closed when the block ends). The temporary file is removed if the block raises.
+    """
+    _check_name_length(target)
+    base, parts, name = _split(target, root)
+    if name in ("", ".", ".."):
+        raise OutputError(f"cannot write {target}: it is a folder",
+                          "give a file name, e.g. -o attention.png")
+    with open_folder(base, parts) as folder:
+        try:
+            existing = folder.lstat(name)
+        except FileNotFoundError:
+            existing = None
+        except OSError as exc:
+            raise _describe_os_error(exc, target) from None
+        if existing is not None and stat.S_ISDIR(existing.st_mode):
+            raise OutputError(f"cannot write {target}: it is a folder",
+                              "give a file name, e.g. -o attention.png")
+        _clean_folder(folder)
+        tmp, fd = _create_temp(folder, name, target)
+        try:
+            yield folder, tmp, fd
+            # rename() replaces a link standing at the target itself, never what it points to
+            os.replace(folder.at(tmp), folder.at(name), src_dir_fd=folder.fd,
+                       dst_dir_fd=folder.fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(folder.at(tmp), dir_fd=folder.fd)
+            raise _describe_os_error(exc, target) from None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(folder.at(tmp), dir_fd=folder.fd)
+            raise
+
+
+@contextlib.contextmanager
+def atomic_path(target: Path | str, *, root: Path | str | None = None) -> Iterator[Path]:
+    """Yield a new temporary path in the target's folder; rename it onto ``target`` on success.
+
+    The temporary file exists (created exclusively, empty) when the block starts. It is
+    removed if the body raises (including ``KeyboardInterrupt``), so an interrupted write never
+    leaves a half-written ``target``. OS errors become :class:`OutputError` with a message that
+    says what to do.
+
+    Args:
+        target: the file to write.
+        root: the output folder the user chose, an ancestor of ``target``; the folders between
+            it and ``target`` are created and never followed if they are links. Default: the
+            target's own folder.
+    """
+    target = Path(target)
+    with _atomic(target, None if root is None else Path(root)) as (folder, tmp, fd):
+        os.close(fd)
+        yield folder.path / tmp
+
+
+@contextlib.contextmanager
+def atomic_open(target: Path | str, mode: str = "wb", *, root: Path | str | None = None,
+                encoding: str | None = None) -> Iterator[IO[Any]]:
+    """Open a new temporary file for ``target`` (``"wb"`` or ``"w"``); it replaces ``target``
+    when the block ends without an error. See :func:`atomic_path` for ``root``."""
+    if mode not in ("wb", "w"):
+        raise ValueError(f"mode must be 'wb' or 'w', not {mode!r}")
+    target = Path(target)
+    with _atomic(target, None if root is None else Path(root)) as (_folder, _tmp, fd):
+        try:
+            handle = os.fdopen(fd, mode, encoding=encoding if mode == "w" else None)
+        except BaseException:
+            os.close(fd)
+            raise
+        with handle:
+            try:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            except OSError as exc:
+                raise _describe_os_error(exc, target) from None
+
+
+def atomic_write(target: Path | str, write: Callable[[IO[bytes]], object], *,
+                 root: Path | str | None = None) -> Path:
+    """Write ``target`` atomically by calling ``write(binary_file)`` on a temporary file."""
+    target = Path(target)
+    with atomic_open(target, "wb", root=root) as handle:
+        write(handle)
     return target
 
 
-def atomic_write_text(target: Path | str, text: str) -> Path:
+def atomic_write_text(target: Path | str, text: str, *, root: Path | str | None = None) -> Path:
     """Write UTF-8 text atomically."""
-    return atomic_write(target, lambda handle: handle.write(text.encode("utf-8")))
+    return atomic_write(target, lambda handle: handle.write(text.encode("utf-8")), root=root)
 
 
+@contextlib.contextmanager
+def scratch_file(folder: Path | str, name: str) -> Iterator[IO[str]]:
+    """A text file for this run's own use in ``folder``, created exclusively and removed at
+    the end (at once where the OS allows, so a killed run leaves nothing behind)."""
+    folder = Path(folder)
+    with open_folder(folder, ()) as opened:
+        tmp, fd = _create_temp(opened, name, folder / name, read=True)
+        unlinked = False
+        with contextlib.suppress(OSError):
+            os.unlink(opened.at(tmp), dir_fd=opened.fd)
+            unlinked = True
+        path = opened.path / tmp
+    try:
+        handle = os.fdopen(fd, "w+", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        with handle:
+            yield handle
+    finally:
+        if not unlinked:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+# --------------------------------------------------------------------------- folder lock
+class FolderLock:
+    """An exclusive, non-blocking lock on an output folder (``flock`` on a lock file in it).
+
+    The lock file is created with ``O_NOFOLLOW`` and removed when the lock is released. Where
+    ``fcntl`` is missing (Windows) the lock does nothing.
+    """
+
+    def __init__(self, folder: Path | str, name: str, what: str = "another run") -> None:
+        self.folder = Path(folder)
+        self.name = name
+        self.what = what
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock.
+
+        Raises:
+            OutputError: another process holds it ("... (pid N)"), or it cannot be created.
+            LinkError: the lock file is a symbolic link.
+        """
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            return
+        path = self.folder / self.name
+        with open_folder(self.folder, ()) as folder:
+            for _attempt in range(10):
+                try:
+                    fd = os.open(folder.at(self.name),
+                                 os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC, 0o666,
+                                 dir_fd=folder.fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.EMLINK):
+                        raise _link_error(path, folder.fd, self.name) from None
+                    raise _describe_os_error(exc, path) from None
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    owner = _read_pid(fd)
+                    os.close(fd)
+                    if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                        who = f" (pid {owner})" if owner else ""
+                        raise OutputError(f"{self.what} is writing to {self.folder}{who}",
+                                          "wait for it to finish, or choose another output "
+                                          "folder with -o") from None
+                    raise _describe_os_error(exc, path) from None
+                # The file may have been removed by its last holder after we opened it: then
+                # our lock is on a file nobody else sees, so start again.
+                try:
+                    same = os.fstat(fd).st_ino == folder.lstat(self.name).st_ino
+                except OSError:
+                    same = False
+                if not same:
+                    os.close(fd)
+                    continue
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    raise OutputError(f"{path} is not a regular file",
+                                      "remove it and run the command again")
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+                self._fd = fd
+                return
+        raise OutputError(f"cannot lock {path}", "run the command again")
+
+    def release(self) -> None:
+        """Remove the lock file and release the lock (never raises)."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        with contextlib.suppress(OSError, OutputError), \
+                open_folder(self.folder, (), create=False) as folder:
+            if os.fstat(fd).st_ino == folder.lstat(self.name).st_ino:
+                os.unlink(folder.at(self.name), dir_fd=folder.fd)
+        os.close(fd)
+
+    def __enter__(self) -> FolderLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        data = os.pread(fd, 32, 0)
+        return int(data.decode("ascii").strip() or "0") or None
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return None
+
+
+# --------------------------------------------------------------------------- reading input
+INPUT_LINE_LIMIT = 1 << 20  # bytes in one line of an --input file (1 MiB)
+
+
+def open_input(path: Path | str, what: str = "input file") -> IO[bytes]:
+    """Open an input file for reading: regular files, pipes and devices (``<(cmd)``,
+    ``/dev/stdin``) are fine; a missing path or a folder is a clear :class:`InputError`.
+
+    Read it with :func:`read_line` (bounded lines), so an endless device cannot exhaust memory.
+    """
+    path = Path(path)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(f"{what} {path} does not exist",
+                         "give a text file with one text per line, or JSONL") from None
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise InputError(f"{what} {_shorten(path)}: the name is too long") from None
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise InputError(f"{what} {path} is a folder",
+                         "give a text file with one text per line, or JSONL")
+    try:
+        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+def read_line(handle: IO[bytes], limit: int = INPUT_LINE_LIMIT) -> bytes | None:
+    """The next line of ``handle`` (with its newline), ``None`` at the end.
+
+    Raises:
+        ValueError: the line is longer than ``limit`` bytes; the rest of it is not read.
+    """
+    line = handle.readline(limit + 1)
+    if not line:
+        return None
+    if len(line) > limit and not line.endswith(b"\n"):
+        raise ValueError(f"a line is longer than {limit} bytes")
+    return line
+
+
+INPUT_SIZE_LIMIT = 1 << 30  # bytes of an --input file read whole (1 GiB)
+
+
+def read_input_text(path: Path | str, what: str = "input file", *,
+                    line_limit: int = INPUT_LINE_LIMIT, size_limit: int = INPUT_SIZE_LIMIT
+                    ) -> str:
+    """The whole of a UTF-8 input file, read in bounded lines (see :func:`open_input`).
+
+    Raises:
+        InputError: missing, a folder, a line over ``line_limit`` bytes, or more than
+            ``size_limit`` bytes in all (an endless device such as ``/dev/zero`` stops at its
+            first line).
+        UnicodeDecodeError: the bytes are not UTF-8 (the caller says where).
+    """
+    parts: list[bytes] = []
+    total = 0
+    with open_input(path, what) as handle:
+        number = 0
+        while True:
+            try:
+                line = read_line(handle, line_limit)
+            except ValueError:
+                raise InputError(f"line {number + 1} of {what} {path} is longer than the limit "
+                                 f"of {line_limit >> 20} MiB",
+                                 "give one text per line") from None
+            except OSError as exc:
+                raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+            if line is None:
+                break
+            number += 1
+            total += len(line)
+            if total > size_limit:
+                raise InputError(f"{what} {path} is larger than the limit of "
+                                 f"{size_limit >> 20} MiB", "split it into smaller files")
+            parts.append(line)
+    return b"".join(parts).decode("utf-8")
+
+
+# --------------------------------------------------------------------------- names
 def slugify(text: str, max_length: int = 40) -> str:
     """A file-name-safe slug of ``text``: ASCII letters, digits, ``-`` and ``_`` only.
 

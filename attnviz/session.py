@@ -17,6 +17,7 @@ one place::
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import threading
@@ -26,8 +27,10 @@ from typing import TYPE_CHECKING, Any
 from attnviz.errors import AttnvizError, InputError, UsageError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from attnviz.capture import Capture
-    from attnviz.models import AttentionSource, ModelSpec
+    from attnviz.models import AttentionSource, ModelShape, ModelSpec
 
 Warn = Callable[[str], None]
 Selection = str | Sequence[int] | None
@@ -93,6 +96,7 @@ class Session:
         self._models: collections.OrderedDict[str, AttentionSource] = collections.OrderedDict()
         self._model_locks: dict[str, threading.Lock] = {}
         self._lock = threading.RLock()
+        self._cache_warned: set[str] = set()  # cache warnings are said once per session
 
     # ------------------------------------------------------------------ models
     def source(self, model: str | ModelSpec | None = None, **options: Any) -> AttentionSource:
@@ -144,9 +148,66 @@ class Session:
         self.loads += 1
         return source
 
+    @contextlib.contextmanager
+    def announcing(self, on_load: Callable[[str], Any] | None) -> Iterator[None]:
+        """Use ``on_load`` instead of the session's own while the block runs.
+
+        Export uses it to show "Loading..." in its own progress display, which a spinner of
+        the CLI session would clash with.
+        """
+        previous = self.on_load
+        self.on_load = on_load
+        try:
+            yield
+        finally:
+            self.on_load = previous
+
     def _forward_lock(self, spec: ModelSpec) -> threading.Lock:
         with self._lock:
             return self._model_locks.setdefault(spec_key(spec), threading.Lock())
+
+    # ------------------------------------------------------------------ shapes
+    def shape(self, model: str | ModelSpec | None = None, **options: Any) -> ModelShape | None:
+        """Layers and heads of a model: from the warm model, else read from its config file.
+
+        Never loads weights; ``None`` when the shape cannot be known without loading (see
+        :func:`attnviz.models.model_shape`).
+        """
+        from attnviz.models import ModelShape, model_shape
+
+        spec = make_spec(model, **options)
+        source = self._models.get(spec_key(spec))
+        if source is not None:
+            return ModelShape(source.num_layers, source.num_heads)
+        return model_shape(spec)
+
+    def validate(self, model: str | ModelSpec | None = None, *, layers: Selection = None,
+                 heads: Selection = None, layer: int | None = None, head: int | None = None,
+                 **options: Any) -> None:
+        """Check layer/head indices and selections against the model before loading it.
+
+        The model's size comes from :meth:`shape` (its ``config.json``), so ``--layer 9`` on a
+        6-layer model fails at once instead of after loading the weights. When the size cannot
+        be read without loading, nothing is checked here: the capture checks after loading.
+
+        Raises:
+            UsageError: an index or selection is out of range; the message gives the range.
+            ModelLoadError: the model names a folder that does not exist.
+        """
+        from attnviz.selection import parse_selection, resolve_index
+
+        shape = self.shape(model, **options)
+        if shape is None:
+            return
+        layer_text, head_text = _selection_text(layers), _selection_text(heads)
+        if layer_text:
+            parse_selection(layer_text, shape.num_layers, "layer")
+        if head_text:
+            parse_selection(head_text, shape.num_heads, "head")
+        if layer is not None:
+            resolve_index(layer, shape.num_layers, "layer")
+        if head is not None:
+            resolve_index(head, shape.num_heads, "head")
 
     # ------------------------------------------------------------------ captures
     def capture(self, text: str, pair: str | None = None, *,
@@ -182,9 +243,11 @@ class Session:
             from attnviz.cache import cached_capture
 
             hit = cached_capture(spec, text, pair, layers=layer_text, heads=head_text,
-                                 max_tokens=max_tokens, truncate=truncate)
+                                 max_tokens=max_tokens, truncate=truncate,
+                                 warn=self._cache_warn)
             if hit is not None:
                 return hit
+        self.validate(spec, layers=layer_text, heads=head_text)  # before loading the weights
         source = self.source(spec)
         layer_list, head_list = self._resolve(source, layer_text, head_text)
         with self._forward_lock(spec):
@@ -194,6 +257,56 @@ class Session:
         if cache_on and write_cache:
             self._keep(spec, text, pair, capture, layer_text, head_text, max_tokens, truncate)
         return capture
+
+    def dump(self, text: str, path: Path | str, pair: str | None = None, *,
+             model: str | ModelSpec | None = None, layers: Selection = None,
+             heads: Selection = None, max_tokens: int | None = None, truncate: bool = True,
+             float16: bool = False, use_cache: bool | None = None, write_cache: bool = True,
+             **options: Any) -> tuple[Path, Capture]:
+        """Capture ``text`` and write the record to ``path`` (what ``attnviz dump`` does).
+
+        A capture in the cache is written from there, without loading the model. Otherwise the
+        model runs and each layer goes straight into the memory-mapped ``.npy``
+        (:func:`attnviz.stream.stream_capture`), so a capture bigger than memory can be
+        written; a float32 capture is then kept in the cache (a ``float16`` one is not: its
+        weights are rounded).
+
+        Args:
+            text, pair, model, layers, heads, max_tokens, truncate, use_cache, write_cache,
+                **options: as in :meth:`capture`.
+            path: a folder (gets ``attention.npy`` + ``capture.json``) or a ``.npy`` path.
+            float16: store the weights as float16.
+
+        Returns:
+            The written ``.npy`` path and the capture.
+        """
+        from attnviz.stream import stream_capture, write_capture
+
+        spec = make_spec(model, **options)
+        check_text(text)
+        if pair is not None:
+            check_text(pair, "the pair text")
+        layer_text, head_text = _selection_text(layers), _selection_text(heads)
+        cache_on = self.use_cache if use_cache is None else use_cache
+        if cache_on:
+            from attnviz.cache import cached_capture
+
+            hit = cached_capture(spec, text, pair, layers=layer_text, heads=head_text,
+                                 max_tokens=max_tokens, truncate=truncate,
+                                 warn=self._cache_warn)
+            if hit is not None:
+                return write_capture(hit, path, float16=float16), hit
+        self.validate(spec, layers=layer_text, heads=head_text)
+        source = self.source(spec)
+        layer_list, head_list = self._resolve(source, layer_text, head_text)
+        with self._forward_lock(spec):
+            npy_path, capture = stream_capture(source, text, path, pair=pair, layers=layer_list,
+                                               heads=head_list, max_tokens=max_tokens,
+                                               truncate=truncate, float16=float16)
+            self.forwards += 1
+        if cache_on and write_cache and not float16:
+            self._keep(spec, text, pair, capture, layer_text, head_text, max_tokens, truncate)
+        return npy_path, capture
 
     def captures(self, texts: Sequence[tuple[str, str | None]], *,
                  model: str | ModelSpec | None = None, batch_size: int = 8,
@@ -210,16 +323,29 @@ class Session:
         from attnviz.analysis.corpus import capture_batches
 
         spec = make_spec(model)
+        self.validate(spec, layers=layers, heads=heads)  # before loading the weights
         cache_on = self.use_cache if use_cache is None else use_cache
         lock = self._forward_lock(spec)
 
         def load() -> AttentionSource:
             return _Locked(self.source(spec), lock, self)
 
-        yield from capture_batches(spec, texts, load=load, batch_size=batch_size,
-                                   layers=_selection_text(layers), heads=_selection_text(heads),
-                                   max_tokens=max_tokens, truncate=truncate, use_cache=cache_on,
-                                   write=write_cache, check=check, warn=self.warn)
+        from attnviz.cache import warnings_to
+
+        with warnings_to(self._cache_warn):
+            yield from capture_batches(spec, texts, load=load, batch_size=batch_size,
+                                       layers=_selection_text(layers),
+                                       heads=_selection_text(heads), max_tokens=max_tokens,
+                                       truncate=truncate, use_cache=cache_on, write=write_cache,
+                                       check=check, warn=self._cache_warn)
+
+    def _cache_warn(self, message: str) -> None:
+        """Pass a cache warning on once: a corpus of damaged entries or an unwritable cache
+        folder would otherwise repeat it for every text."""
+        if self.warn is None or message in self._cache_warned:
+            return
+        self._cache_warned.add(message)
+        self.warn(message)
 
     def _resolve(self, source: AttentionSource, layers: str | None, heads: str | None
                  ) -> tuple[list[int] | None, list[int] | None]:
@@ -240,9 +366,8 @@ class Session:
         except (OSError, ValueError):
             return
         except AttnvizError as error:
-            if self.warn is not None:
-                self.warn(f"could not keep the capture in the cache ({error.message}); "
-                          "use --no-cache to stop trying")
+            self._cache_warn(f"could not keep the capture in the cache ({error.message}); "
+                             "use --no-cache to stop trying")
 
 
 def check_text(text: str, what: str = "the text") -> None:

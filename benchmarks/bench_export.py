@@ -1,10 +1,11 @@
 """Benchmark: every head of the default model to PNG, attnviz export vs what users write today.
 
-For a 32-token and a 128-token text, all 72 heads (6 layers x 12 heads) of the bundled MiniLM
-are drawn as PNGs of the size ``attnviz heatmap --layer L --head H`` makes, by:
+For a 36-token and a 128-token text, all 72 heads (6 layers x 12 heads) of the bundled MiniLM
+are drawn as PNGs of the size ``attnviz heatmap --layer L --head H`` makes (no cell values at
+these lengths, as attnviz's default), by:
 
 * naive: what users write today, a new figure per head: ``seaborn.heatmap`` with token tick
-  labels (``annot=True`` at 32 tokens, not at 128), ``savefig``, ``close``;
+  labels, ``savefig``, ``close``;
 * floor: no drawing at all, each matrix colour-mapped, scaled (nearest, Pillow) to the same
   pixel size and saved as PNG with Pillow (``compress_level=1``, its fastest setting); and,
   for comparison, the same image saved with attnviz's own PNG writer, which skips the rows a
@@ -13,14 +14,19 @@ are drawn as PNGs of the size ``attnviz heatmap --layer L --head H`` makes, by:
   and the ``export`` command itself (heads only, and everything) with ``--jobs 1`` and
   ``--jobs 2``.
 
+Then whole processes, as a user runs them: ``attnviz export --from DUMP`` (72 heads, 6 layer
+grids, the overview, the capture and topk.csv; ``--jobs`` left to its default) against a plain
+seaborn loop over the same 72 heads in a fresh ``python`` (importing seaborn, loading the
+capture, drawing). Both ratios, CPU and wall, are printed for each length; the target is 10x.
+
 Every method writes real files and runs in a fresh process, whose peak resident memory is
 reported. It also measures memory against the number of texts (``export`` of 1 and of N texts)
 and cold vs cached wall time of ``attnviz heatmap`` (two subprocess runs, the first with an
-empty capture cache). Ratios use CPU seconds per PNG against baselines measured in the same
-run, so they hold on a busy machine; wall seconds do not.
+empty capture cache). Ratios use CPU seconds against baselines measured in the same run, so
+they hold on a busy machine; wall seconds do not.
 
-    python benchmarks/bench_export.py            # everything (~6 minutes on 2 cores)
-    python benchmarks/bench_export.py --quick    # naive baseline on 12 heads, extrapolated
+    python benchmarks/bench_export.py            # everything (~10 minutes on 2 cores)
+    python benchmarks/bench_export.py --quick    # seaborn on 12 heads, extrapolated to 72
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ANNOT_UP_TO = 64  # cell values in the 32-token figures (every method), not in the 128-token ones
+ANNOT_UP_TO = 30  # cell values up to this many tokens (attnviz's default): none at 36 or 128
 SENTENCE = ("The quick brown fox jumps over the lazy dog while the old cat sleeps on a warm "
             "mat near the window, and a small bird sings in the tall green tree outside. ")
 
@@ -102,7 +108,7 @@ def naive(capture_dir: str, out: str, heads: int) -> dict[str, Any]:
     for layer, head in pairs:
         fig, ax = plt.subplots(figsize=head_figure_size(capture.num_tokens))
         sns.heatmap(capture.matrix(layer, head), xticklabels=labels, yticklabels=labels,
-                    cmap="viridis", vmin=0.0, vmax=1.0, annot=annot, fmt=".2f", ax=ax)
+                    cmap="viridis", annot=annot, fmt=".2f", ax=ax)
         ax.set_title(f"{capture.model}: layer {layer}, head {head}")
         fig.savefig(Path(out) / f"L{layer}_H{head}.png", dpi=100)
         plt.close(fig)
@@ -188,6 +194,62 @@ def capture_texts(out: str, sizes: list[int], extra: int) -> dict[str, Any]:
     return {"paths": saved}
 
 
+def seaborn_loop(capture_dir: str, out: str, heads: int) -> None:
+    """The plain seaborn loop as a user writes it, run as a whole process (``--seaborn-loop``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from attnviz.capture import load_capture
+    from attnviz.render.heatmap import head_figure_size
+
+    capture = load_capture(capture_dir)
+    labels = capture.display_tokens
+    Path(out).mkdir(parents=True, exist_ok=True)
+    pairs = [(layer, head) for layer in capture.layers for head in capture.heads][:heads]
+    for layer, head in pairs:
+        fig, ax = plt.subplots(figsize=head_figure_size(capture.num_tokens))
+        sns.heatmap(capture.matrix(layer, head), xticklabels=labels, yticklabels=labels,
+                    cmap="viridis", ax=ax)
+        ax.set_title(f"{capture.model}: layer {layer}, head {head}")
+        fig.savefig(Path(out) / f"L{layer}_H{head}.png", dpi=100)
+        plt.close(fig)
+
+
+def _process(command: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
+    """Wall and CPU seconds (user + system) of one whole child process."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    subprocess.run(command, env=env, check=True, capture_output=True)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"seconds": wall, "cpu": cpu}
+
+
+def whole_processes(capture_dir: str, root: Path, quick: bool) -> dict[str, Any]:
+    """``attnviz export --from DUMP`` vs a seaborn loop, each a whole process.
+
+    With ``quick``, the loop draws 12 heads; it is extrapolated to 72 from a run that only
+    starts up (imports, loading the capture) and the per-head cost of the 12.
+    """
+    env = {**os.environ, "ATTNVIZ_CACHE_DIR": str(root / "cache"), "HF_HUB_OFFLINE": "1"}
+    ours = _process([sys.executable, "-m", "attnviz", "export", "--from", capture_dir, "-o",
+                     str(root / f"whole-attnviz-{Path(capture_dir).name}")], env)
+    loop = [sys.executable, __file__, "--seaborn-loop", capture_dir]
+    if quick:
+        start = _process([*loop, str(root / "whole-sns-0"), "0"], env)
+        twelve = _process([*loop, str(root / "whole-sns-12"), "12"], env)
+        seaborn = {key: start[key] + (twelve[key] - start[key]) / 12 * 72 for key in start}
+    else:
+        seaborn = _process([*loop, str(root / "whole-sns-72"), "72"], env)
+    return {"attnviz": ours, "seaborn": seaborn, "extrapolated": quick}
+
+
 def heatmap_wall(cache_dir: str, out: str) -> list[float]:
     """Wall time of two ``attnviz heatmap`` subprocess runs: cold cache, then cached."""
     env = {**os.environ, "ATTNVIZ_CACHE_DIR": cache_dir}
@@ -223,8 +285,14 @@ def main() -> None:
     parser.add_argument("--memory-texts", type=int, default=8,
                         help="texts for the memory-vs-texts check (default 8)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--seaborn-loop", nargs=3, metavar=("DUMP", "OUT", "HEADS"),
+                        help=argparse.SUPPRESS)  # one whole-process baseline run
     args = parser.parse_args()
-    sizes = [32, 128]
+    if args.seaborn_loop:
+        dump, out, heads = args.seaborn_loop
+        seaborn_loop(dump, out, int(heads))
+        return
+    sizes = [36, 128]
     report: dict[str, Any] = {"cores": os.cpu_count(), "python": sys.version.split()[0]}
     with tempfile.TemporaryDirectory(prefix="attnviz-bench-") as tmp:
         root = Path(tmp)
@@ -257,7 +325,7 @@ def main() -> None:
                 results[f"export_all_j{jobs}"] = _in_child(
                     "export_run", [capture_dir], str(out), jobs,
                     ["heads", "layers", "overview"])
-            annot = "cell values written, " if size <= ANNOT_UP_TO else ""
+            annot = "cell values written, " if size <= ANNOT_UP_TO else "no cell values, "
             pixels = " x ".join(str(round(v * 100)) for v in _size(size))
             print(f"{size} tokens ({annot}PNG {pixels} px)")
             print(header)
@@ -286,8 +354,17 @@ def main() -> None:
                   f"{fast_per_png / floors['floor_pillow']:.2f}x "
                   f"[{fast_per_png / floors['floor_attnviz']:.2f}x the floor written with "
                   f"attnviz's PNG writer]\n")
+            whole = whole_processes(capture_dir, root, args.quick)
+            ours, theirs = whole["attnviz"], whole["seaborn"]
+            note = " (seaborn: 12 heads, extrapolated to 72)" if args.quick else ""
+            print(f"  whole process{note}: attnviz export --from DUMP {ours['seconds']:.2f} s "
+                  f"wall, {ours['cpu']:.2f} s CPU; seaborn loop over the 72 heads "
+                  f"{theirs['seconds']:.2f} s wall, {theirs['cpu']:.2f} s CPU")
+            print(f"  whole-process ratio at {size} tokens (target >= 10x): "
+                  f"{theirs['cpu'] / ours['cpu']:.1f}x CPU, "
+                  f"{theirs['seconds'] / ours['seconds']:.1f}x wall\n")
             report[f"tokens_{size}"] = {"naive_per_png": naive_per_png, "results": results,
-                                        "naive_heads_timed": heads}
+                                        "naive_heads_timed": heads, "whole_process": whole}
         # Memory against the number of texts: 1 text vs N texts, same settings.
         extra = [paths[f"extra{i}"] for i in range(args.memory_texts)]
         one = _in_child("export_run", extra[:1], str(root / "mem1"), 1, ["heads"])

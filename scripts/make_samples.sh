@@ -3,12 +3,17 @@
 # Usage: bash scripts/make_samples.sh   (after pip install -e ".[test]")
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=sample_outputs
+out="${ATTNVIZ_SAMPLES_DIR:-sample_outputs}"  # set it to try the script without touching them
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 ATTNVIZ_CACHE_DIR="$(mktemp -d)"
 trap 'rm -rf "$ATTNVIZ_CACHE_DIR" "$out/.tmp"' EXIT
 mkdir -p "$out/.tmp"
 S="The cat sat on the mat"
+
+# `readme CMD...` runs a command exactly as README.md prints it (tests/test_rough_edges.py
+# checks that README.md holds every such line verbatim), inside $out so that its -o NAME lands
+# there; its standard output (the paths it wrote) is discarded.
+readme() { (cd "$out" && "$@" >/dev/null); }
 
 # Core: one head, a layer's heads, the model overview, top-k, a dump.
 attnviz dump "$S" -o "$out/.tmp/cat" >/dev/null
@@ -18,8 +23,7 @@ attnviz heatmap --from "$out/.tmp/cat" -o "$out/overview.png"
 attnviz heatmap --from "$out/.tmp/cat" --layer 2 --head mean --exclude-special \
   -o "$out/heatmap_L2_mean_no_special.png"
 attnviz top-k --from "$out/.tmp/cat" --layer 5 --head 3 -f markdown -o "$out/topk_L5_H3.md"
-attnviz heatmap "The bank of the river" --pair "The bank approved the loan" --layer 3 --head 7 \
-  --no-annot -o "$out/heatmap_pair.png"
+readme attnviz heatmap "The bank of the river" --pair "The bank approved the loan" --layer 3 --head 7 -o heatmap_pair.png
 
 # Toy model: bidirectional vs causal, and softmax saturation without 1/sqrt(d_k).
 T="the robot picked up the red ball"
@@ -36,10 +40,10 @@ cp "$out/.tmp/export/"a-dog-barked*/heads/L01_H08.png "$out/export_head_L1_H8.pn
 
 # Head analysis: statistics plot and table, rollout, compare, explain.
 W="The cat sat on the mat because it was warm."
-attnviz heads "$W" --plot "$out/heads_entropy.png" --stat entropy --format markdown \
-  -o "$out/heads.md"
-attnviz rollout "$W" --token it -o "$out/rollout.png" --npy "$out/.tmp/rollout.npy" \
-  --bar "$out/rollout_bar_it.png" 2>/dev/null
+readme attnviz heads "The cat sat on the mat because it was warm." --plot heads_entropy.png --stat entropy
+attnviz heads "$W" --format markdown -o "$out/heads.md" >/dev/null
+readme attnviz rollout "The cat sat on the mat because it was warm." --token it -o rollout.png
+rm "$out/rollout.npy"  # it also wrote rollout_bar_it.png; README shows the two pictures
 attnviz compare "$T" --model toy --vs-causal --head 0 -o "$out/compare_toy_causal.png" \
   --format markdown > "$out/compare_toy_causal.md"
 attnviz compare "The bank of the river" "The bank approved the loan" --words --layer 2 \
@@ -47,9 +51,12 @@ attnviz compare "The bank of the river" "The bank approved the loan" --words --l
 attnviz explain "The cat sat on the mat" --token cat --format json > "$out/.tmp/explain.json"
 COLUMNS=100 attnviz explain "The cat sat on the mat" --token cat > "$out/explain_cat.txt"
 
-# Interactive HTML report: its screenshot (needs Chromium; skipped without it).
+# Interactive HTML report and the inline notebook views: screenshots (need Chromium; skipped
+# without it).
 attnviz html "$W" -o "$out/.tmp/report.html" >/dev/null
 if command -v chromium >/dev/null 2>&1; then
   python scripts/screenshot_report.py --sample "$out/html_report.png"
+  python scripts/screenshot_notebook.py "$out/notebook_views.png"
+  python scripts/screenshot_serve.py "$out/serve_live.png"  # the page of attnviz serve
 fi
 ls -la "$out"

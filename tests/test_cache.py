@@ -201,3 +201,53 @@ def test_unwritable_cache_only_warns(invoke, monkeypatch: pytest.MonkeyPatch,
     assert result.exit_code == 0, result.output
     assert "could not keep the capture in the cache" in result.stderr
     assert result.stdout.startswith("query_index,")
+
+
+def test_entries_carry_a_checksum_of_their_bytes() -> None:
+    import hashlib
+
+    from attnviz.models.toy import ToySource
+
+    capture = ToySource(ToyConfig(layers=2, heads=2)).capture(TEXT)
+    key = cache.capture_key(_toy_spec(), TEXT)
+    cache.store(key, capture)
+    folder = cache.cache_dir() / cache.CAPTURES
+    sidecar = json.loads((folder / f"{key}.json").read_text())
+    rest = {k: v for k, v in sidecar.items() if k != cache.CHECKSUM}
+    expected = hashlib.sha256((folder / f"{key}.npy").read_bytes() + b"\0" + json.dumps(
+        rest, sort_keys=True, ensure_ascii=True).encode("ascii")).hexdigest()
+    assert sidecar[cache.CHECKSUM] == expected
+    # The entry is an ordinary capture too.
+    from attnviz.capture import load_capture
+
+    np.testing.assert_array_equal(load_capture(folder / f"{key}.npy").weights, capture.weights)
+
+
+def test_usage_record_tracks_the_bytes_on_disk() -> None:
+    from attnviz.models.toy import ToySource
+
+    source = ToySource(ToyConfig(layers=2, heads=2))
+    for i in range(12):
+        cache.store(cache.capture_key(_toy_spec(), f"{TEXT} {i}"), source.capture(f"{TEXT} {i}"))
+    record = json.loads((cache.cache_dir() / cache.CAPTURES / cache.USAGE).read_text())
+    assert record["bytes"] == cache.info().bytes > 0
+
+
+def test_stale_temporaries_go_when_the_cache_is_trimmed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import time
+
+    from attnviz.models.toy import ToySource
+
+    capture = ToySource(ToyConfig(layers=2, heads=2)).capture(TEXT)
+    key = cache.capture_key(_toy_spec(), TEXT)
+    cache.store(key, capture)
+    folder = cache.cache_dir() / cache.CAPTURES
+    stale, fresh = folder / f".{key}.npy.abc12345.tmp", folder / f".{key}.json.xyz98765.tmp"
+    for path in (stale, fresh):
+        path.write_bytes(b"half written")
+    old = time.time() - 2 * 3600
+    os.utime(stale, (old, old))
+    cache.evict()
+    assert not stale.exists() and fresh.exists()  # a fresh one may belong to a running store
+    assert cache.info().entries == 1

@@ -24,7 +24,8 @@ def _pixels(data: bytes) -> np.ndarray:
 
 def _reference(matrix: np.ndarray, labels: list[str], title: str, dpi: int = 100,
                **kwargs: object) -> np.ndarray:
-    fig = heatmap.draw_head(matrix, labels, labels, title=title, **kwargs)  # type: ignore[arg-type]
+    fig = heatmap.draw_head(matrix, labels, labels, title=title, dpi=dpi,
+                            **kwargs)  # type: ignore[arg-type]
     return _pixels(fast.figure_bytes(fig, "png", dpi))
 
 
@@ -109,7 +110,8 @@ def test_head_template_matches_draw_head(tokens: int, annot: bool) -> None:
 def test_cells_have_the_colour_map_colour() -> None:
     rng = np.random.default_rng(7)
     labels = [f"t{i}" for i in range(40)]
-    template = fast.head_template(labels, labels, cmap="magma", titles=["t"])
+    template = fast.head_template(labels, labels, cmap="magma", titles=["t"],
+                                  scale=heatmap.ColourScale("linear", vmax=1.0))
     matrix = _attention(rng, 40, sharp=1.0)
     image = template.compose([matrix], "t")
     box = template.boxes[0]

@@ -107,8 +107,9 @@ def test_rollout_cli_writes_heatmap_matrix_and_bars(invoke, cli_minilm, minilm_c
     out = tmp_path / "roll.png"
     result = invoke("rollout", SENTENCE, "-o", out, "--token", "cat", "--head-fusion", "max")
     assert result.exit_code == 0, result.output
-    npy, bar = tmp_path / "roll.npy", tmp_path / "roll_bar.png"
-    assert result.stdout.split() == [str(out), str(npy), str(bar)]
+    npy, bar = tmp_path / "roll.npy", tmp_path / "roll_bar_cat.png"
+    lines = result.stdout.splitlines()
+    assert lines[:3] == [str(out), str(npy), str(bar)]
     matrix = np.load(npy)
     assert matrix.dtype == np.float32
     assert np.allclose(matrix, direct_rollout(minilm_capture.weights.astype(np.float64), "max"),
@@ -117,7 +118,7 @@ def test_rollout_cli_writes_heatmap_matrix_and_bars(invoke, cli_minilm, minilm_c
     for path in (out, bar):
         with Image.open(path) as image:
             assert np.asarray(image.convert("RGB")).std() > 10
-    assert "'cat' (position 2)" in result.stderr
+    assert "'cat' (position 2)" in lines[3]  # the summary follows the paths on stdout
     assert "favours early tokens" not in result.stderr
 
 
@@ -141,7 +142,8 @@ def test_rollout_cli_causal_warning(invoke, tmp_path):
     assert "favours early tokens" in result.stderr
     matrix = np.load(tmp_path / "c.npy")
     assert np.allclose(np.triu(matrix, 1), 0.0)
-    assert "'mat' (position 5)" in result.stderr  # default token of a causal model: the last
+    assert "'mat' (position 5)" in result.stdout  # default token of a causal model: the last
+    assert (tmp_path / "c_bar_mat.png").is_file()
 
 
 @pytest.mark.parametrize(("args", "fragment"), [

@@ -1,12 +1,20 @@
 """Compare two attention maps: the same text in two models, two texts in one model, a mask on/off.
 
-The difference is ``B - A`` and only defined when the two maps are over the same tokens; then
-positive cells are where B attends more than A.
+The difference is ``B - A`` over positions paired by an :class:`Alignment`; positive cells are
+where B attends more than A:
+
+* the same tokens: every position with itself;
+* the same number of tokens (a changed word, another model's tokenizer): position by
+  position, and the positions whose tokens differ are marked;
+* different lengths: word by word, by :class:`difflib.SequenceMatcher` on the two word
+  sequences (lower case); equal words pair up, and so do the words of a replaced run of the
+  same length (marked as differing); inserted and deleted words have no counterpart.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import difflib
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -50,6 +58,121 @@ def tokens_line_up(a: Capture, b: Capture) -> bool:
         x.lower() == y.lower() for x, y in zip(a.display_tokens, b.display_tokens))
 
 
+ARROW = "\u2192"  # "cat→dog": A's token, then B's
+
+
+@dataclass
+class Alignment:
+    """Which position of A goes with which position of B in the difference map.
+
+    Attributes:
+        method: ``tokens`` (the same tokens), ``positions`` (same length, some tokens differ)
+            or ``words`` (difflib on the words of both texts).
+        a, b: paired positions of A's and of B's view (the word-level view for ``words``).
+        labels: a label per pair: the token, or ``a→b`` where they differ.
+        differs: per pair, whether the two tokens differ.
+        unmatched_a, unmatched_b: labels of the positions left without a counterpart.
+        total_a, total_b: how many positions each side has.
+    """
+
+    method: str
+    a: list[int]
+    b: list[int]
+    labels: list[str]
+    differs: list[bool]
+    unmatched_a: list[str] = field(default_factory=list)
+    unmatched_b: list[str] = field(default_factory=list)
+    total_a: int = 0
+    total_b: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.a)
+
+    @property
+    def changed(self) -> list[int]:
+        """Pair indices whose tokens differ."""
+        return [i for i, d in enumerate(self.differs) if d]
+
+    def note(self, unit: str = "token") -> str:
+        """What was aligned, in a sentence."""
+        differing = len(self.changed)
+        if self.method == "tokens":
+            return f"the same {self.total_a} {unit}s on both sides"
+        if self.method == "positions":
+            shown = ", ".join(self.labels[i] for i in self.changed[:6])
+            more = f" and {differing - 6} more" if differing > 6 else ""
+            return (f"both sides have {self.total_a} {unit}s: aligned position by position; "
+                    f"{differing} differ{'s' if differing == 1 else ''} ({shown}{more})")
+        left = ", ".join(repr(t) for t in self.unmatched_a[:6]) or "none"
+        right = ", ".join(repr(t) for t in self.unmatched_b[:6]) or "none"
+        return (f"aligned by word (difflib): {self.size} of {self.total_a} words of A paired "
+                f"with {self.size} of {self.total_b} of B, {differing} of them changed; no "
+                f"counterpart: A {left}, B {right}")
+
+    def marked(self) -> tuple[list[int], list[int]]:
+        """Positions of A and of B to mark: paired with another token, or with none."""
+        paired_a, paired_b = set(self.a), set(self.b)
+        changed_a = {self.a[i] for i in self.changed}
+        changed_b = {self.b[i] for i in self.changed}
+        return (sorted(changed_a | (set(range(self.total_a)) - paired_a)),
+                sorted(changed_b | (set(range(self.total_b)) - paired_b)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "pairs": [[i, j] for i, j in zip(self.a, self.b)],
+                "labels": list(self.labels), "differs": list(self.differs),
+                "unmatched_a": list(self.unmatched_a), "unmatched_b": list(self.unmatched_b)}
+
+
+def _label(x: str, y: str) -> tuple[str, bool]:
+    same = x.lower() == y.lower()
+    return (x if same else f"{x}{ARROW}{y}"), not same
+
+
+def align_positions(tokens_a: list[str], tokens_b: list[str]) -> Alignment:
+    """Pair equal-length token lists position by position, marking the tokens that differ.
+
+    Raises:
+        ValueError: the lists differ in length.
+    """
+    if len(tokens_a) != len(tokens_b):
+        raise ValueError(f"lengths differ: {len(tokens_a)} vs {len(tokens_b)}")
+    labels, differs = zip(*(_label(x, y) for x, y in zip(tokens_a, tokens_b))) if tokens_a \
+        else ((), ())
+    method = "positions" if any(differs) else "tokens"
+    positions = list(range(len(tokens_a)))
+    return Alignment(method, positions, list(positions), list(labels), list(differs),
+                     total_a=len(tokens_a), total_b=len(tokens_b))
+
+
+def align_words(words_a: list[str], words_b: list[str]) -> Alignment:
+    """Pair two word lists with :class:`difflib.SequenceMatcher` (case-insensitive).
+
+    Equal runs pair word by word; a replaced run pairs word by word too, as far as the shorter
+    side goes (marked as differing); inserted, deleted and left-over words stay unpaired.
+    """
+    matcher = difflib.SequenceMatcher(None, [w.lower() for w in words_a],
+                                      [w.lower() for w in words_b], autojunk=False)
+    a: list[int] = []
+    b: list[int] = []
+    labels: list[str] = []
+    differs: list[bool] = []
+    unmatched_a: list[str] = []
+    unmatched_b: list[str] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        paired = min(i2 - i1, j2 - j1) if tag in ("equal", "replace") else 0
+        for i, j in zip(range(i1, i1 + paired), range(j1, j1 + paired)):
+            label, differ = _label(words_a[i], words_b[j])
+            a.append(i)
+            b.append(j)
+            labels.append(label)
+            differs.append(differ)
+        unmatched_a += words_a[i1 + paired:i2]
+        unmatched_b += words_b[j1 + paired:j2]
+    return Alignment("words", a, b, labels, differs, unmatched_a, unmatched_b,
+                     len(words_a), len(words_b))
+
+
 def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``b - a`` of two ``[query, key]`` matrices of the same shape."""
     if a.shape != b.shape:
@@ -57,14 +180,19 @@ def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
 
 
-def largest_changes(a: np.ndarray, b: np.ndarray, tokens: list[str], k: int = 10
-                    ) -> list[dict[str, object]]:
+def largest_changes(a: np.ndarray, b: np.ndarray, tokens: list[str], k: int = 10, *,
+                    key_tokens: list[str] | None = None) -> list[dict[str, object]]:
     """The ``k`` cells with the largest ``|b - a|``, largest first (ties: row-major order).
+
+    Args:
+        a, b: ``[query, key]`` matrices of the same shape (aligned positions).
+        tokens: query labels; ``key_tokens``: key labels (default: ``tokens``).
 
     Returns:
         Dicts with ``query_index``, ``query``, ``key_index``, ``key``, ``a``, ``b`` and
         ``delta`` (``b - a``).
     """
+    keys = tokens if key_tokens is None else key_tokens
     delta = difference(a, b)
     flat = np.abs(delta).ravel()
     order = np.argsort(-flat, kind="stable")[:max(k, 0)]
@@ -72,7 +200,7 @@ def largest_changes(a: np.ndarray, b: np.ndarray, tokens: list[str], k: int = 10
     changes: list[dict[str, object]] = []
     for index in order:
         i, j = divmod(int(index), size)
-        changes.append({"query_index": i, "query": tokens[i], "key_index": j, "key": tokens[j],
+        changes.append({"query_index": i, "query": tokens[i], "key_index": j, "key": keys[j],
                         "a": float(a[i, j]), "b": float(b[i, j]), "delta": float(delta[i, j])})
     return changes
 
@@ -83,23 +211,31 @@ CHANGE_FORMATS: tuple[str, ...] = ("csv", "markdown")
 
 @dataclass
 class Comparison:
-    """Two attention maps side by side and, when their tokens line up, their difference.
+    """Two attention maps side by side and, when positions pair up, their difference.
 
     Attributes:
         a, b: the two sides; ``a.capture`` and ``b.capture`` are the views compared.
-        aligned: whether both sides are over the same tokens (:func:`tokens_line_up`).
-        diff: ``[query, key]`` float64 ``B - A`` when aligned, else ``None``.
+        alignment: how positions of A and B pair up (:class:`Alignment`), or ``None`` when
+            nothing does (no difference map).
+        diff: ``[pair, pair]`` float64 ``B - A`` over the paired positions, else ``None``.
+        aligned_a, aligned_b: A's and B's ``[pair, pair]`` weights at the paired positions.
         changes: the largest changes (:func:`largest_changes`); empty when not aligned.
-        hint: when not aligned, ``" (they do with --words --exclude-special)"`` if that would
-            make the tokens line up, else ``""``.
+        unit: ``token``, or ``word`` when aligned by word.
     """
 
     a: Side
     b: Side
-    aligned: bool
+    alignment: Alignment | None
     diff: np.ndarray | None
     changes: list[dict[str, object]]
-    hint: str = ""
+    aligned_a: np.ndarray | None = None
+    aligned_b: np.ndarray | None = None
+    unit: str = "token"
+
+    @property
+    def aligned(self) -> bool:
+        """Whether there is a difference map."""
+        return self.alignment is not None
 
     @property
     def where(self) -> str:
@@ -111,17 +247,31 @@ class Comparison:
 
     @property
     def title(self) -> str:
-        """Figure title: the layer and head, and how the views differ from the raw captures."""
+        """Figure title: the layer and head, how the views differ from the raw captures, and
+        how B - A was aligned."""
         from attnviz.analysis.tokens import view_notes
 
         notes = [n for n in view_notes(self.a.capture) if n != "causal"]
+        if self.alignment is not None and self.alignment.method == "positions":
+            count = len(self.alignment.changed)
+            notes.append(f"B - A position by position, {count} {self.unit}"
+                         + (" differs" if count == 1 else "s differ"))
+        elif self.alignment is not None and self.alignment.method == "words":
+            notes.append("B - A aligned by word")
         return f"Compare: {self.where}" + (f" ({', '.join(notes)})" if notes else "")
+
+    @property
+    def note(self) -> str:
+        """What was aligned (empty when the tokens are the same)."""
+        if self.alignment is None or self.alignment.method == "tokens":
+            return ""
+        return self.alignment.note(self.unit)
 
     @property
     def mismatch(self) -> str:
         """Why there is no difference map (meaningful when not aligned)."""
-        return (f"the tokens do not line up ({self.a.capture.num_tokens} vs "
-                f"{self.b.capture.num_tokens} tokens){self.hint}: no difference map")
+        return (f"A and B share no word ({self.a.capture.num_tokens} vs "
+                f"{self.b.capture.num_tokens} tokens): no difference map")
 
     def to_dict(self, image: str, label_a: str, label_b: str) -> dict[str, Any]:
         """Both sides, the alignment and the changes, for json output."""
@@ -133,13 +283,21 @@ class Comparison:
                     "tokens": side.tokens}
 
         return {"image": image, "aligned": self.aligned, "a": describe(self.a, label_a),
-                "b": describe(self.b, label_b), "changes": self.changes}
+                "b": describe(self.b, label_b),
+                "alignment": (None if self.alignment is None
+                              else {**self.alignment.to_dict(), "unit": self.unit,
+                                    "note": self.note}),
+                "changes": self.changes}
 
 
 def compare_captures(a: Capture, b: Capture, layer: int = -1, head: int | str = "mean", *,
                      top: int = 10, words: bool = False, exclude_special: bool = False
                      ) -> Comparison:
     """Compare one layer and head of two captures.
+
+    Views of the same length are aligned position by position (:func:`align_positions`),
+    others word by word (:func:`align_words` on their word-level views, which the sides then
+    show).
 
     Args:
         a, b: weights ``[layer, head, query, key]`` of the two sides (any models and texts).
@@ -152,22 +310,34 @@ def compare_captures(a: Capture, b: Capture, layer: int = -1, head: int | str = 
     Raises:
         UsageError: the layer or head is not in a capture.
     """
-    from attnviz.analysis.tokens import exclude_special as drop_special
-    from attnviz.analysis.tokens import merge_words, token_view
+    from attnviz.analysis.tokens import piece_labels, token_view
 
     view_a = token_view(a, words=words, exclude_special=exclude_special)
     view_b = token_view(b, words=words, exclude_special=exclude_special)
     side_a = side_of(view_a, layer, head)
     side_b = side_of(view_b, layer, head)
-    aligned = tokens_line_up(view_a, view_b)
-    if aligned:
-        return Comparison(side_a, side_b, True, difference(side_a.matrix, side_b.matrix),
-                          largest_changes(side_a.matrix, side_b.matrix, side_a.tokens, top))
-    hint = ""
-    if not (words and exclude_special) and tokens_line_up(drop_special(merge_words(a)),
-                                                          drop_special(merge_words(b))):
-        hint = " (they do with --words --exclude-special)"
-    return Comparison(side_a, side_b, False, None, [], hint)
+    unit = "word" if words else "token"
+    if view_a.num_tokens == view_b.num_tokens:
+        alignment = align_positions(piece_labels(view_a), piece_labels(view_b))
+        matrix_a, matrix_b = side_a.matrix, side_b.matrix
+    else:
+        words_a = token_view(a, words=True, exclude_special=exclude_special)
+        words_b = token_view(b, words=True, exclude_special=exclude_special)
+        alignment = align_words(words_a.display_tokens, words_b.display_tokens)
+        if not alignment.size:
+            return Comparison(side_a, side_b, None, None, [], unit=unit)
+        unit = "word"  # every panel shows words, so the marks and the map agree
+        side_a, side_b = side_of(words_a, layer, head), side_of(words_b, layer, head)
+        matrix_a = side_a.matrix[np.ix_(alignment.a, alignment.a)]
+        matrix_b = side_b.matrix[np.ix_(alignment.b, alignment.b)]
+    changes = largest_changes(matrix_a, matrix_b, alignment.labels, top)
+    if alignment.method == "words":
+        for change in changes:
+            i, j = int(change["query_index"]), int(change["key_index"])  # type: ignore[call-overload]
+            change.update(a_query_index=alignment.a[i], a_key_index=alignment.a[j],
+                          b_query_index=alignment.b[i], b_key_index=alignment.b[j])
+    return Comparison(side_a, side_b, alignment, difference(matrix_a, matrix_b), changes,
+                      np.asarray(matrix_a), np.asarray(matrix_b), unit)
 
 
 def format_changes(changes: list[dict[str, object]], fmt: str, where: str) -> str:

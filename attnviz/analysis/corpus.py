@@ -1,7 +1,11 @@
 """A corpus of texts: read an ``--input`` file and add up the head statistics of every text.
 
 Statistics are averaged over every eligible query row of every text (weighted by tokens), so a
-corpus is summarised by one :class:`~attnviz.analysis.stats.StatSums`.
+corpus is summarised by one :class:`~attnviz.analysis.stats.StatSums`: sums and row counts. A
+:class:`CorpusPart` holds those sums for some of the texts; parts computed anywhere (batches,
+processes, the workers of a Ray cluster) merge into the same corpus result in any order, up to
+float rounding. The local engine adds every text to one part; the Ray engine
+(:mod:`attnviz.engine.ray_heads`) adds a batch to a part on a worker and merges the parts.
 """
 
 from __future__ import annotations
@@ -42,11 +46,10 @@ def read_corpus(path: Path) -> tuple[list[CorpusText], int]:
     if str(path) == "-":
         raw = sys.stdin.read()
     else:
-        if not path.is_file():
-            raise InputError(f"input file {path} does not exist",
-                             "give a text file with one text per line, or JSONL with \"text\"")
-        try:
-            raw = path.read_text(encoding="utf-8")
+        from attnviz.fileio import read_input_text
+
+        try:  # bounded: a pipe or a device such as /dev/zero cannot exhaust memory
+            raw = read_input_text(path)
         except UnicodeDecodeError as exc:
             raise InputError(f"{path} is not valid UTF-8 (byte {exc.start})",
                              "save the file as UTF-8 and try again") from None
@@ -97,6 +100,84 @@ class CorpusStats:
     sums: StatSums
     view: Capture
     failed: int = 0
+
+
+@dataclass
+class CorpusPart:
+    """Mergeable totals of some texts of a corpus: what ``heads --input`` adds up.
+
+    Attributes:
+        sums: statistic sums (sufficient statistics) of the texts used, ``None`` when none was.
+        view: the view of the used text that comes last in the input (its flags, model and
+            notes describe the corpus); ``position`` is that text's position in the input.
+        failed: how many texts could not be used.
+        error: ``(position, error)`` of the first text (in input order) that could not be used.
+    """
+
+    sums: StatSums | None = None
+    view: Capture | None = None
+    position: int = -1
+    failed: int = 0
+    error: tuple[int, InputError] | None = None
+
+    def add(self, position: int, text: str, result: Capture | InputError, *,
+            words: bool = False, exclude_special: bool = False) -> list[str]:
+        """Add one text's statistics, or count it as failed.
+
+        Args:
+            position: the text's position in the input (0-based).
+            text: the text (for the message of a failure).
+            result: its capture (weights ``[layer, head, query, key]``) or why it failed.
+            words: merge subword tokens into words before the statistics.
+            exclude_special: drop special tokens (rows renormalised) before the statistics.
+
+        Returns:
+            The warnings to show: the capture's own, or the failure.
+        """
+        if isinstance(result, InputError):
+            self.failed += 1
+            if self.error is None or position < self.error[0]:
+                self.error = (position, result)
+            return [f"skipped a text ({result.message}): {text[:60]!r}"]
+        messages = [str(message) for message in result.meta.get("warnings", [])]
+        view = token_view(result, words=words, exclude_special=exclude_special)
+        sums = stat_sums(view)
+        self.sums = sums if self.sums is None else self.sums + sums
+        if position > self.position:
+            self.view, self.position = view, position
+        return messages
+
+    def merge(self, other: CorpusPart) -> CorpusPart:
+        """Add another part's totals to this one (in place); returns ``self``."""
+        if other.sums is not None:
+            self.sums = other.sums if self.sums is None else self.sums + other.sums
+        if other.view is not None and other.position > self.position:
+            self.view, self.position = other.view, other.position
+        self.failed += other.failed
+        if other.error is not None and (self.error is None or other.error[0] < self.error[0]):
+            self.error = other.error
+        return self
+
+    def portable(self) -> CorpusPart:
+        """A copy to send between processes: the view keeps its tokens, flags and notes but
+        not its weights (the sums hold everything the statistics need)."""
+        import dataclasses
+
+        import numpy as np
+
+        view = None if self.view is None else dataclasses.replace(
+            self.view, weights=np.zeros((0, 0, 0, 0), dtype=np.float32))
+        return dataclasses.replace(self, view=view)
+
+    def result(self) -> CorpusStats:
+        """The corpus statistics.
+
+        Raises:
+            InputError: no text could be used.
+        """
+        if self.sums is None or self.view is None:
+            raise InputError("no text of the input could be used", "check the input file")
+        return CorpusStats(self.sums, self.view, self.failed)
 
 
 def capture_batches(spec: ModelSpec, texts: Sequence[CorpusText], *,
@@ -238,33 +319,19 @@ def corpus_stats(texts: Sequence[CorpusText], capture_text: Callable[[str, str |
     Raises:
         InputError: no text could be used (or the only text could not).
     """
-    total: StatSums | None = None
-    view: Capture | None = None
-    failed = 0
+    part = CorpusPart()
     results = (capture_all(texts) if capture_all is not None
                else _one_by_one(texts, capture_text))
-    for (text, _pair), capture in zip(texts, results):
-        if isinstance(capture, InputError):
-            error = capture
-            if len(texts) == 1:
-                raise error
-            failed += 1
+    for position, ((text, _pair), capture) in enumerate(zip(texts, results)):
+        if isinstance(capture, InputError) and len(texts) == 1:
+            raise capture
+        for message in part.add(position, text, capture, words=words,
+                                exclude_special=exclude_special):
             if warn is not None:
-                warn(f"skipped a text ({error.message}): {text[:60]!r}")
-            if advance is not None:
-                advance()
-            continue
-        if warn is not None:
-            for message in capture.meta.get("warnings", []):
                 warn(message)
-        view = token_view(capture, words=words, exclude_special=exclude_special)
-        sums = stat_sums(view)
-        total = sums if total is None else total + sums
         if advance is not None:
             advance()
-    if total is None or view is None:
-        raise InputError("no text of the input could be used", "check the input file")
-    return CorpusStats(total, view, failed)
+    return part.result()
 
 
 def _one_by_one(texts: Sequence[CorpusText], capture_text: Callable[[str, str | None], Capture]

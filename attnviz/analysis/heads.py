@@ -34,7 +34,8 @@ def measure_induction(load: Callable[[], Any] | None, capture: Capture, requeste
 
     Returns:
         ``[layer, head]`` scores for the capture's layers and heads and a description of the
-        test (``length``, ``sequences``, ``prefix_tokens``), or ``(None, None)``.
+        test (:meth:`~attnviz.analysis.induction.InductionResult.settings`: ``length``,
+        ``sequences``, ``seed``, ``prefix_ids``, ``token_ids``...), or ``(None, None)``.
 
     Raises:
         UsageError: the test was asked for without a live model.
@@ -47,9 +48,7 @@ def measure_induction(load: Callable[[], Any] | None, capture: Capture, requeste
     from attnviz.analysis.induction import induction_scores
 
     result = induction_scores(load())
-    info = {"length": result.length, "sequences": result.sequences,
-            "prefix_tokens": len(result.prefix)}
-    return result.for_capture(capture.layers, capture.heads), info
+    return result.for_capture(capture.layers, capture.heads), result.settings()
 
 
 def _row_keys(rows: list[dict[str, Any]]) -> list[str]:

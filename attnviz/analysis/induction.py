@@ -21,7 +21,7 @@ and ``vocab_size``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,16 +45,32 @@ class InductionResult:
         length: random tokens per copy.
         sequences: how many random sequences were averaged.
         prefix: token ids put before the sequence (a BOS token, or nothing).
+        seed: seed of the random tokens (``numpy.random.RandomState(seed)``).
+        token_ids: the random tokens of each sequence (one copy; the model read
+            ``prefix + ids + ids``), so the test can be rerun exactly.
     """
 
     scores: np.ndarray
     length: int
     sequences: int
     prefix: list[int]
+    seed: int = 0
+    token_ids: list[list[int]] = field(default_factory=list)
 
     def for_capture(self, layers: Sequence[int], heads: Sequence[int]) -> np.ndarray:
         """The ``[layer, head]`` scores of the given model layers and heads."""
         return self.scores[np.ix_(list(layers), list(heads))]
+
+    def settings(self) -> dict[str, Any]:
+        """How the test ran, for JSON output: enough to rerun it and get the same scores.
+
+        ``length``, ``sequences``, ``seed``, ``prefix_tokens`` (how many), ``prefix_ids`` and
+        ``token_ids`` (the random tokens of each sequence; the model read
+        ``prefix_ids + ids + ids``).
+        """
+        return {"length": self.length, "sequences": self.sequences, "seed": self.seed,
+                "prefix_tokens": len(self.prefix), "prefix_ids": list(self.prefix),
+                "token_ids": [list(ids) for ids in self.token_ids]}
 
 
 def repeated_sequence(vocab: np.ndarray, length: int, rng: np.random.RandomState,
@@ -104,10 +120,14 @@ def induction_scores_from(run: RunIds, vocab: np.ndarray, *, length: int = DEFAU
     if sequences < 1:
         raise UsageError("the induction test needs at least one random sequence")
     rng = np.random.RandomState(seed)
-    runs = [induction_stripe(run(repeated_sequence(np.asarray(vocab), length, rng, prefix)),
-                             length, len(prefix)) for _ in range(sequences)]
+    runs = []
+    token_ids = []
+    for _ in range(sequences):
+        ids = repeated_sequence(np.asarray(vocab), length, rng, prefix)
+        token_ids.append(ids[len(prefix):len(prefix) + length])
+        runs.append(induction_stripe(run(ids), length, len(prefix)))
     return InductionResult(scores=np.mean(runs, axis=0), length=length, sequences=sequences,
-                           prefix=list(prefix))
+                           prefix=list(prefix), seed=seed, token_ids=token_ids)
 
 
 def _hf_runner(source: Any) -> tuple[RunIds, np.ndarray, list[int], int | None]:

@@ -11,8 +11,9 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -66,6 +67,34 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _hide_flag_types() -> None:
+    """Keep Typer's rich help from printing a ``<bool>`` type after on/off flags.
+
+    Recent Typer versions print every option's type in ``--help``, flags included, so
+    ``--exclude-special <bool>`` read as if the flag took a value and users typed
+    ``--exclude-special true``. A flag takes no value: its type column stays empty, as in
+    click's plain help. Older Typer versions have no such column and are left alone.
+    """
+    try:
+        from typer.core import TyperOption
+    except ImportError:  # pragma: no cover - typer without its core module
+        return
+    original = getattr(TyperOption, "display_type_rich", None)
+    if original is None or getattr(original, "hides_flag_types", False):
+        return
+
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        if getattr(self, "is_flag", False) and not getattr(self, "count", False):
+            return None
+        return cast("str | None", original(self, ctx))
+
+    display_type_rich.hides_flag_types = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_hide_flag_types()
+
+
 # --------------------------------------------------------------------------- shared options
 LayerOpt = Annotated[Any, typer.Option("--layer", "-l", rich_help_panel=VIEW_PANEL,
                                        help="Layer index, 0-based; negative counts from the end.")]
@@ -86,6 +115,40 @@ WordsOpt = Annotated[bool, typer.Option(
     "--words", rich_help_panel=VIEW_PANEL,
     help="Merge subword tokens into words: attention to a word is the sum over its pieces, "
          "from a word the mean (rows still sum to 1).")]
+
+# Figure options: windows and the colour scale (attnviz.render.heatmap.ColourScale).
+TokensOpt = Annotated[str | None, typer.Option(
+    "--tokens", rich_help_panel=VIEW_PANEL, metavar="A:B",
+    help="Zoom in: show tokens A to B-1 as queries and keys (0-based, negative from the end, "
+         "either end may be left out: 40:80, -20:). An end may be a token's text, which is "
+         "included: bank:loan. Positions count the tokens shown (after --words).")]
+QueriesOpt = Annotated[str | None, typer.Option(
+    "--queries", rich_help_panel=VIEW_PANEL, metavar="A:B",
+    help="The query rows to show, as --tokens (overrides it for rows); one token: 'it'.")]
+KeysOpt = Annotated[str | None, typer.Option(
+    "--keys", rich_help_panel=VIEW_PANEL, metavar="A:B",
+    help="The key columns to show, as --tokens (overrides it for columns).")]
+
+
+class ScaleName(str, Enum):
+    """Colour scales of ``--scale``."""
+
+    linear = "linear"
+    power = "power"
+    log = "log"
+
+
+ScaleOpt = Annotated[ScaleName, typer.Option(
+    "--scale", rich_help_panel=OUTPUT_PANEL,
+    help="Colour scale: power (weight ** --gamma: small weights stay visible), linear, or log "
+         "(three decades below the top).")]
+GammaOpt = Annotated[float, typer.Option(
+    "--gamma", min=0.05, max=5.0, rich_help_panel=OUTPUT_PANEL,
+    help="Exponent of --scale power: 0.5 lifts small weights, 1 is linear.")]
+VmaxOpt = Annotated[str, typer.Option(
+    "--vmax", rich_help_panel=OUTPUT_PANEL, metavar="auto|FLOAT",
+    help="Weight drawn in the top colour: auto (the largest weight shown; the colour bar says "
+         "it) or a number; --vmax 1 keeps the fixed 0..1 scale to compare figures.")]
 
 # The toy model's options, shared by the capture options below and the analysis commands.
 ToyHeadsOpt = Annotated[int, typer.Option("--toy-heads", min=1, rich_help_panel=TOY_PANEL,
@@ -126,6 +189,12 @@ class CaptureRequest:
     truncate: bool
     no_cache: bool
     device_map: str | None = None
+    server: str | None = None
+
+    def __post_init__(self) -> None:
+        # --server (or $ATTNVIZ_SERVER) applies to the whole command: the CLI session becomes a
+        # client of that server, so every capture the command asks for comes from there.
+        use_server(self.server)
 
     @property
     def model_name(self) -> str:
@@ -169,7 +238,8 @@ _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
              "disk (Hugging Face Accelerate); use it instead of --device.")], None),
     ("max_tokens", Annotated[int | None, typer.Option(
         "--max-tokens", min=1, rich_help_panel=MODEL_PANEL,
-        help="Limit the input to this many tokens (the model's own limit always applies).")],
+        help="Limit the input to this many tokens (a model's own limit always applies; the "
+             "toy model's limit of 2048 can be raised).")],
      None),
     ("truncate", Annotated[bool, typer.Option(
         "--truncate/--no-truncate", rich_help_panel=MODEL_PANEL,
@@ -178,6 +248,11 @@ _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
     ("no_cache", Annotated[bool, typer.Option(
         "--no-cache", rich_help_panel=MODEL_PANEL,
         help="Do not read or write the capture cache.")], False),
+    ("server", Annotated[str | None, typer.Option(
+        "--server", envvar="ATTNVIZ_SERVER", rich_help_panel=MODEL_PANEL, metavar="URL",
+        show_default=False,
+        help="Capture through a running 'attnviz serve' at URL instead of loading the model "
+             "here ($ATTNVIZ_SERVER); the numbers are the same.")], None),
     ("toy_heads", ToyHeadsOpt, 2),
     ("toy_layers", ToyLayersOpt, 1),
     ("d_model", DModelOpt, 16),
@@ -224,10 +299,52 @@ def capture_options(func: F) -> F:
 
 
 # --------------------------------------------------------------------------- getting a capture
+ENV_MAX_INPUT_MB = "ATTNVIZ_MAX_INPUT_MB"
+DEFAULT_MAX_INPUT_MB = 16
+_MAX_INPUT_MB_CEILING = 1_000_000
+
+
+def max_input_bytes() -> int:
+    """The most bytes one text may have on standard input: ``$ATTNVIZ_MAX_INPUT_MB`` (16 MB).
+
+    Raises:
+        UsageError: the variable is not a number of megabytes above 0.
+    """
+    raw = os.environ.get(ENV_MAX_INPUT_MB, "").strip()
+    if not raw:
+        return DEFAULT_MAX_INPUT_MB * 1024 * 1024
+    try:
+        megabytes = float(raw)
+    except ValueError:
+        megabytes = float("nan")
+    if not 0 < megabytes <= _MAX_INPUT_MB_CEILING:  # also false for NaN
+        raise UsageError(f"{ENV_MAX_INPUT_MB}={raw!r} is not a size: give megabytes above 0, "
+                         f"up to {_MAX_INPUT_MB_CEILING}",
+                         f"for example: export {ENV_MAX_INPUT_MB}=64, or unset it for the "
+                         f"default of {DEFAULT_MAX_INPUT_MB}")
+    return max(1, int(megabytes * 1024 * 1024))
+
+
+def read_limited(stream: Any, what: str = "standard input") -> bytes | str:
+    """Everything on ``stream`` up to :func:`max_input_bytes`; never reads past the limit.
+
+    Raises:
+        InputError: the stream holds more (``/dev/zero`` would otherwise be read for ever).
+    """
+    limit = max_input_bytes()
+    data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise InputError(f"{what} holds more than {limit} bytes ({limit / 1024 / 1024:g} MB), "
+                         "the limit for one text",
+                         f"pass a shorter text, or raise the limit with "
+                         f"{ENV_MAX_INPUT_MB}=<megabytes>")
+    return cast("bytes | str", data)
+
+
 def read_text(text: str) -> str:
     """The TEXT argument, with '-' read from standard input; rejects empty and NUL text."""
     if text == "-":
-        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+        data = read_limited(sys.stdin.buffer if hasattr(sys.stdin, "buffer") else sys.stdin)
         if isinstance(data, bytes):
             try:
                 text = data.decode("utf-8")
@@ -265,11 +382,54 @@ def model_spec(request: CaptureRequest) -> Any:
                      toy=toy_config(request) if name == TOY_MODEL else None)
 
 
+def stdin_is_piped() -> bool:
+    """Whether standard input is a pipe or a file (not a terminal): text may be waiting there."""
+    import stat
+
+    stream = sys.stdin
+    if stream is None:
+        return False
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+        return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
+    except (AttributeError, OSError, ValueError):  # no file descriptor (a test runner's stream)
+        try:
+            return not stream.isatty()
+        except (AttributeError, ValueError):
+            return False
+
+
+def _command_path(default: str = "attnviz heatmap") -> str:
+    """``attnviz heatmap`` etc.: the running command, for examples in messages."""
+    import importlib
+
+    # Recent Typer versions carry their own copy of click; older ones use click itself.
+    for module in ("typer._click.globals", "click"):
+        try:
+            get_context = importlib.import_module(module).get_current_context
+        except (ImportError, AttributeError):
+            continue
+        context = get_context(silent=True)
+        if context is not None:
+            return str(context.command_path)
+    return default
+
+
+def missing_text_error(what: str = "a TEXT to analyse or --from PATH with a saved capture"
+                       ) -> UsageError:
+    """The error for a command given no text; names ``-`` when text is waiting on a pipe."""
+    command = _command_path()
+    if stdin_is_piped():
+        return UsageError(f"give {what}: standard input is not read unless TEXT is '-'",
+                          f"use - to read standard input, e.g. echo \"The cat sat on the mat\" "
+                          f"| {command} -")
+    return UsageError(f"give {what}", f"example: {command} \"The cat sat on the mat\"")
+
+
 def validate_request(request: CaptureRequest) -> None:
     """Check that exactly one of TEXT and --from is given."""
     if request.text is None and request.from_path is None:
-        raise UsageError("give a TEXT to analyse or --from PATH with a saved capture",
-                         "example: attnviz heatmap \"The cat sat on the mat\"")
+        raise missing_text_error()
     if request.text is not None and request.from_path is not None:
         raise UsageError("give either TEXT or --from PATH, not both")
     if request.from_path is not None and request.pair is not None:
@@ -277,12 +437,28 @@ def validate_request(request: CaptureRequest) -> None:
 
 
 _SESSION: Session | None = None
+_SERVER: str | None = None  # --server: the CLI session is a client of that attnviz serve
+
+
+def use_server(url: str | None) -> None:
+    """Send the CLI session's captures to ``attnviz serve`` at ``url`` (``None``: run here)."""
+    global _SERVER, _SESSION
+    url = url.strip() if url and url.strip() else None  # an empty $ATTNVIZ_SERVER: run here
+    if url != _SERVER:
+        _SERVER = url
+        _SESSION = None
 
 
 def session() -> Session:
-    """The CLI's session: warnings on standard error, a spinner while a model loads."""
+    """The CLI's session: warnings on standard error, a spinner while a model loads; with
+    ``--server``, a :class:`~attnviz.server.client.RemoteSession` of that server."""
     global _SESSION
     if _SESSION is None:
+        if _SERVER is not None:
+            from attnviz.server.client import RemoteSession
+
+            _SESSION = RemoteSession(_SERVER, warn=warn)
+            return _SESSION
         from attnviz.session import Session
 
         _SESSION = Session(warn=warn, on_load=lambda name: stderr.status(
@@ -293,6 +469,18 @@ def session() -> Session:
 def load_model(request: CaptureRequest) -> AttentionSource:
     """Load (or reuse) the model the request names, through the CLI session."""
     return session().source(model_spec(request))
+
+
+def check_indices(request: CaptureRequest, *, layer: int | None = None,
+                  head: int | None = None) -> None:
+    """Check --layer/--head against the model's config before any weights are loaded.
+
+    A no-op with --from (the capture checks them at once) and for models whose size cannot be
+    read without loading them (see :meth:`attnviz.session.Session.validate`).
+    """
+    validate_request(request)
+    if request.from_path is None:
+        session().validate(model_spec(request), layer=layer, head=head)
 
 
 def obtain_capture(request: CaptureRequest, *, layers: str | None = None,

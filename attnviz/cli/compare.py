@@ -37,6 +37,13 @@ from attnviz.cli._common import (
     CmapOpt,
     DpiOpt,
     ExcludeSpecialOpt,
+    GammaOpt,
+    KeysOpt,
+    QueriesOpt,
+    ScaleName,
+    ScaleOpt,
+    TokensOpt,
+    VmaxOpt,
     WordsOpt,
     handle_errors,
     stderr,
@@ -53,9 +60,13 @@ if TYPE_CHECKING:
 COMPARE_HELP = "\n\n".join([
     "Compare attention side by side: one text in two models, two texts in one model, or the "
     "toy model without and with its causal mask.",
-    "When both sides have the same tokens, a third panel shows B - A on a diverging colour map "
-    "centred at 0 (red: B attends more, blue: less) and the largest changes are listed.",
+    "A third panel shows B - A on a diverging colour map centred at 0 (red: B attends more, "
+    "blue: less) and the largest changes are listed. Texts with the same number of tokens (a "
+    "changed word) are paired position by position and the differing tokens are marked in red; "
+    "texts of different lengths are paired word by word (difflib), and the command says which "
+    "words found no counterpart. --tokens/--queries/--keys zoom into both sides.",
     "Examples:",
+    "  attnviz compare \"The cat sat on the mat\" \"The dog sat on the mat\" -l 2",
     "  attnviz compare \"The bank of the river\" \"The bank approved the loan\" -l 2",
     "  attnviz compare \"The cat sat\" --model-a minilm --model-b ./my-bert",
     "  attnviz compare \"The cat sat on the mat\" --model toy --vs-causal --head 0",
@@ -84,6 +95,56 @@ def _compare_captures(texts: tuple[str, str], models: tuple[str | None, str | No
             warn(escape(message))
         captures.append(capture)
     return captures[0], captures[1]
+
+
+def _panels(comparison: Any, labels: tuple[str, str], tokens: str | None,
+            queries: str | None, keys: str | None) -> tuple[Any, Any, Any, str]:
+    """The three panels of the figure, cut to the windows; and the window's title note.
+
+    A window is resolved on each side's own tokens (a token's text may sit elsewhere in B);
+    the difference panel keeps the aligned pairs whose A positions are inside A's window.
+    """
+    import numpy as np
+
+    from attnviz.analysis.tokens import pair_start, parse_window, piece_labels, window_note
+    from attnviz.render.analysis import Panel
+
+    alignment = comparison.alignment
+    marked_a, marked_b = alignment.marked() if alignment is not None else ([], [])
+    panels = []
+    windows = []
+    for side, label, marked in ((comparison.a, labels[0], marked_a),
+                                (comparison.b, labels[1], marked_b)):
+        names = piece_labels(side.capture)
+        rows = parse_window(queries or tokens, names, "--queries" if queries else "--tokens")
+        cols = parse_window(keys or tokens, names, "--keys" if keys else "--tokens")
+        start = pair_start(side.capture)
+
+        def inside(window: Any, position: int | None) -> int | None:
+            if position is None or not window.start < position < window.stop:
+                return None
+            return int(position - window.start)
+
+        panels.append(Panel(
+            side.matrix[rows.span, cols.span], names[rows.span], names[cols.span], label,
+            [i - rows.start for i in marked if rows.start <= i < rows.stop],
+            [j - cols.start for j in marked if cols.start <= j < cols.stop],
+            inside(rows, start), inside(cols, start)))
+        windows.append((rows, cols))
+    diff = None
+    if alignment is not None and comparison.diff is not None:
+        rows, cols = windows[0]
+        keep_rows = [i for i, a in enumerate(alignment.a) if rows.start <= a < rows.stop]
+        keep_cols = [j for j, a in enumerate(alignment.a) if cols.start <= a < cols.stop]
+        if keep_rows and keep_cols:
+            changed = set(alignment.changed)
+            diff = Panel(comparison.diff[np.ix_(keep_rows, keep_cols)],
+                         [alignment.labels[i] for i in keep_rows],
+                         [alignment.labels[j] for j in keep_cols], "difference B - A",
+                         [n for n, i in enumerate(keep_rows) if i in changed],
+                         [n for n, j in enumerate(keep_cols) if j in changed])
+    window = window_note(*windows[0])
+    return panels[0], panels[1], diff, f" ({window} of A)" if window else ""
 
 
 def _excerpt(text: str, size: int = 32) -> str:
@@ -162,8 +223,14 @@ def compare_command(
     causal: CausalOpt = False,
     seed: SeedOpt = 0,
     no_scale: NoScaleOpt = False,
+    tokens: TokensOpt = None,
+    queries: QueriesOpt = None,
+    keys: KeysOpt = None,
+    scale: ScaleOpt = ScaleName.power,
+    gamma: GammaOpt = 0.5,
+    vmax: VmaxOpt = "auto",
 ) -> None:
-    """Compare two attention maps side by side, with their difference when tokens line up."""
+    """Compare two attention maps side by side, with their difference over aligned tokens."""
     from attnviz.analysis.compare import compare_captures, format_changes
 
     head_choice = cast("int | str", _parse_head(head))  # not None: --head has a default
@@ -172,6 +239,9 @@ def compare_command(
     from attnviz.render.heatmap import check_cmap, save_figure
 
     check_cmap(cmap)
+    from attnviz.render.heatmap import ColourScale
+
+    colour_scale = ColourScale.of(scale.value, gamma, vmax)  # bad values fail before the models
     paths = list(from_paths or [])
     if paths:
         if len(paths) != 2:
@@ -221,10 +291,12 @@ def compare_command(
         label_b = f"B: {cap_b.model}{mask_b}: {_excerpt(cap_b.text)}"
     comparison = compare_captures(cap_a, cap_b, layer, head_choice, top=top, words=words,
                                   exclude_special=exclude_special)
-    side_a, side_b, where = comparison.a, comparison.b, comparison.where
-    fig = figures.draw_comparison(side_a.matrix, side_b.matrix, side_a.tokens, side_b.tokens,
-                                  titles=(label_a, label_b), title=comparison.title,
-                                  diff=comparison.diff, cmap=cmap, annot=annot)
+    where = comparison.where
+    panel_a, panel_b, panel_d, window = _panels(comparison, (label_a, label_b), tokens,
+                                                queries, keys)
+    fig = figures.draw_comparison(panel_a, panel_b, titles=(label_a, label_b),
+                                  title=comparison.title + window, diff=panel_d, cmap=cmap,
+                                  annot=annot, scale=colour_scale, dpi=dpi)
     if out is None:
         from attnviz.fileio import short_hash, slugify
 
@@ -232,6 +304,8 @@ def compare_command(
                             str(cap_a.causal), str(cap_b.causal), length=6)
         out = Path(f"compare_{slugify(cap_a.text, 24)}_{digest}.png")
     path = save_figure(fig, out, dpi=dpi)
+    if comparison.note:  # what was paired with what: on standard error, beside the image
+        stderr.print(f"Note: {escape(comparison.note)}", markup=True, highlight=False)
     if fmt is TableFormat.json:
         typer.echo(json.dumps(comparison.to_dict(str(path), label_a, label_b),
                               ensure_ascii=False, indent=1))

@@ -17,14 +17,23 @@ from attnviz.cli._common import (
     CmapOpt,
     DpiOpt,
     ExcludeSpecialOpt,
+    GammaOpt,
     HeadsOpt,
+    KeysOpt,
     LayersOpt,
+    QueriesOpt,
+    ScaleName,
+    ScaleOpt,
+    TokensOpt,
+    VmaxOpt,
     WordsOpt,
     capture_options,
+    check_indices,
     handle_errors,
     obtain_capture,
     stdout,
     view_of,
+    warn,
 )
 from attnviz.errors import UsageError
 
@@ -97,17 +106,30 @@ def heatmap(
     exclude_special: ExcludeSpecialOpt = False,
     words: WordsOpt = False,
     dpi: DpiOpt = 100,
+    tokens: TokensOpt = None,
+    queries: QueriesOpt = None,
+    keys: KeysOpt = None,
+    scale: ScaleOpt = ScaleName.power,
+    gamma: GammaOpt = 0.5,
+    vmax: VmaxOpt = "auto",
 ) -> None:
     """Draw attention as a heatmap and print the image's path.
 
     --layer L --head H: one head, annotated (rows: queries, columns: keys).
     --layer L alone: a grid of all heads of that layer. Neither: every layer and head.
+    Figures grow with the input up to a bound, then label every n-th token; zoom into long
+    inputs with --tokens A:B (or --queries / --keys). Colours: --scale power (default,
+    --gamma 0.5) and --vmax auto (the largest weight shown; --vmax 1 for the fixed 0..1 scale).
+    Continuation pieces of a word are marked with a middle dot (un ·bel ·ie ·va ·bly) unless
+    --words merges them.
 
     Examples:
 
       attnviz heatmap "The cat sat on the mat" --layer 5 --head 3
 
       attnviz heatmap "The cat sat on the mat" --layer -1 --head mean -o mean.svg
+
+      attnviz heatmap --from long/ --layer 2 --head 3 --tokens 40:80 --vmax 1
 
       attnviz heatmap --from cat/ --layer 0
     """
@@ -117,73 +139,53 @@ def heatmap(
     if out is not None and out.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise UsageError(f"cannot tell the image format of {out}",
                          "end the file name in .png, .svg or .pdf")
+    check_indices(request, layer=layer,  # from the model's config, before loading it
+                  head=head_choice if isinstance(head_choice, int) else None)
     from attnviz.render import heatmap as render
 
     render.check_cmap(cmap)
+    options = render.FigureOptions(cmap=cmap, scale=scale.value, gamma=gamma, vmax=vmax,
+                                   annot=annot, dpi=dpi, words=words,
+                                   exclude_special=exclude_special, tokens=tokens,
+                                   queries=queries, keys=keys)
+    options.colour_scale()  # a bad --vmax is reported before the slow parts
     capture = obtain_capture(request)
     if layer is not None:
         capture.layer_position(layer)  # validate before the slow parts
     if isinstance(head_choice, int):
         capture.head_position(head_choice)
-    view = view_of(capture, exclude_special=exclude_special, words=words)
-    notes = _notes(view)
-    labels = view.display_tokens
     if layer is not None and head_choice is not None:
         from attnviz.selection import resolve_index
 
-        shown_layer = resolve_index(layer, view.num_layers, "layer")
-        if head_choice == "mean":
-            matrix = view.mean_matrix(layer)
-            head_label = ("mean of all heads" if len(view.heads) == view.num_heads
-                          else f"mean of heads {_indices(view.heads)}")
-            what = f"L{shown_layer}_mean"
-        else:
-            matrix = view.matrix(layer, int(head_choice))
-            shown_head = resolve_index(int(head_choice), view.num_heads, "head")
-            head_label = str(shown_head)
-            what = f"L{shown_layer}_H{shown_head}"
-        fig = render.draw_head(matrix, labels, labels, cmap=cmap, annot=annot,
-                               title=_head_title(view, shown_layer, head_label, notes))
+        shown_layer = resolve_index(layer, capture.num_layers, "layer")
+        what = (f"L{shown_layer}_mean" if head_choice == "mean" else
+                f"L{shown_layer}_H{resolve_index(int(head_choice), capture.num_heads, 'head')}")
+        artists = render.capture_head_figure(capture, layer, head_choice, options=options)
+        if annot and artists.layout is not None and artists.layout.dropped_values:
+            warn(artists.layout.dropped_values)
+        fig = artists.fig
     elif layer is not None:
-        import numpy as np
-
-        position = view.layer_position(layer)
-        shown_layer = view.layers[position]
-        block = np.asarray(view.weights[position : position + 1], dtype=np.float32)
-        fig = render.draw_grid(block, [f"layer {shown_layer}"], [f"head {h}" for h in view.heads],
-                               tokens=labels, cmap=cmap,
-                               title=f"{view.model}: layer {shown_layer}, "
-                                     + ("all heads" if len(view.heads) == view.num_heads
-                                        else f"heads {_indices(view.heads)}")
-                                     + (f" ({', '.join(notes)})" if notes else ""))
+        shown_layer = capture.layers[capture.layer_position(layer)]
+        fig = render.capture_grid_figure(capture, layer, options=options)
         what = f"L{shown_layer}_heads"
     else:
-        import numpy as np
-
-        fig = render.draw_grid(np.asarray(view.weights, dtype=np.float32),
-                               [f"layer {i}" for i in view.layers],
-                               [f"head {h}" for h in view.heads], tokens=labels, cmap=cmap,
-                               title=f"{view.model}: "
-                                     + ("every layer and head"
-                                        if len(view.layers) == view.num_layers
-                                        and len(view.heads) == view.num_heads
-                                        else f"layers {_indices(view.layers)}, "
-                                             f"heads {_indices(view.heads)}")
-                                     + (f" ({', '.join(notes)})" if notes else ""))
+        fig = render.capture_grid_figure(capture, None, options=options)
         what = "overview"
     path = render.save_figure(fig, out or _default_name(capture, what), dpi=dpi)
     stdout.print(str(path))
 
 
 def _topk_rows(view: Capture, layer: int, head: int | str, k: int) -> list[dict[str, object]]:
+    from attnviz.analysis.tokens import piece_labels
     from attnviz.analysis.topk import topk_rows
 
     matrix = view.mean_matrix(layer) if head == "mean" else view.matrix(layer, int(head))
-    return topk_rows(matrix, view.display_tokens, k, causal=view.causal)
+    return topk_rows(matrix, piece_labels(view), k, causal=view.causal)  # pieces marked: ·ing
 
 
 def format_topk(rows: list[dict[str, object]], fmt: TableFormat, k: int, title: str) -> str:
-    """Render top-k rows as csv, json or markdown text."""
+    """Render top-k rows as csv, json or markdown text (``k`` past the keys means all keys)."""
+    k = min(k, max((len(row["top"]) for row in rows), default=0))  # type: ignore[arg-type]
     if fmt is TableFormat.json:
         return json.dumps({"title": title, "k": k, "rows": rows}, ensure_ascii=False, indent=1)
     if fmt is TableFormat.csv:
@@ -222,7 +224,8 @@ def top_k_command(
     head: Annotated[str, typer.Option(
         "--head", rich_help_panel=VIEW_PANEL, help="Head index, or 'mean' of the layer's heads.")],
     k: Annotated[int, typer.Option("-k", "--k", min=1, rich_help_panel=VIEW_PANEL,
-                                   help="How many keys to list per query.")] = 3,
+                                   help="How many keys to list per query (more than the "
+                                        "number of tokens lists them all).")] = 3,
     fmt: Annotated[TableFormat, typer.Option("--format", "-f", rich_help_panel=OUTPUT_PANEL,
                                              help="Output format.")] = TableFormat.table,
     out: Annotated[Path | None, typer.Option(
@@ -242,11 +245,14 @@ def top_k_command(
     from attnviz.selection import resolve_index
 
     head_choice = _parse_head(head)
+    check_indices(request, layer=layer,  # from the model's config, before loading it
+                  head=head_choice if isinstance(head_choice, int) else None)
     capture = obtain_capture(request)
     capture.layer_position(layer)
     if isinstance(head_choice, int):
         capture.head_position(head_choice)
     view = view_of(capture, exclude_special=exclude_special, words=words)
+    k = min(k, view.num_tokens)  # past the number of keys, -k means every key
     shown_layer = resolve_index(layer, view.num_layers, "layer")
     head_label = ("mean" if head_choice == "mean"
                   else str(resolve_index(int(head_choice or 0), view.num_heads, "head")))
@@ -305,11 +311,18 @@ def dump(
       python -c "import numpy; print(numpy.load('cat/attention.npy').shape)"
 
     The weights are written layer by layer into a memory-mapped file as the model runs, so a
-    capture bigger than memory can be dumped (and read back slice by slice with --from).
+    capture bigger than memory can be dumped (and read back slice by slice with --from). A
+    text already in the capture cache is written from there without loading the model.
     """
-    from attnviz.cli._common import check_text, load_model, read_text, validate_request, warn
-    from attnviz.selection import parse_selection
-    from attnviz.stream import stream_capture, write_capture
+    from attnviz.cli._common import (
+        check_text,
+        model_spec,
+        read_text,
+        session,
+        validate_request,
+        warn,
+    )
+    from attnviz.stream import write_capture
 
     validate_request(request)
     if request.from_path is not None:
@@ -319,12 +332,11 @@ def dump(
         text = read_text(request.text or "")
         if request.pair is not None:
             check_text(request.pair, "the --pair text")
-        source = load_model(request)
-        path, capture = stream_capture(
-            source, text, out, pair=request.pair,
-            layers=parse_selection(layers, source.num_layers, "layer") if layers else None,
-            heads=parse_selection(heads, source.num_heads, "head") if heads else None,
-            max_tokens=request.max_tokens, truncate=request.truncate, float16=float16)
+        # From the capture cache when it holds this text (no model load), else streamed.
+        path, capture = session().dump(text, out, request.pair, model=model_spec(request),
+                                       layers=layers, heads=heads,
+                                       max_tokens=request.max_tokens, truncate=request.truncate,
+                                       float16=float16, use_cache=not request.no_cache)
         for message in capture.meta.get("warnings", []):
             warn(message)
     stdout.print(str(path.parent if path.name == "attention.npy" else path))

@@ -77,8 +77,10 @@ def _vector_table(title: str, names: list[str], matrix: np.ndarray, digits: int,
 @app.command("explain", help=EXPLAIN_HELP)
 @handle_errors
 def explain_command(
-    text: Annotated[str, typer.Argument(
-        metavar="TEXT", show_default=False, help="The text; '-' reads standard input.")],
+    text: Annotated[str | None, typer.Argument(
+        metavar="TEXT", show_default=False, help="The text; '-' reads standard input.")
+    ] = None,
+    *,
     token: Annotated[str, typer.Option(
         "--token", "-t", show_default=False,
         help="The query token: a word (first occurrence), WORD:N for the N-th, or a position.")],
@@ -105,9 +107,11 @@ def explain_command(
     import numpy as np
 
     from attnviz.analysis.explain import explain_head
-    from attnviz.cli._common import read_text
+    from attnviz.cli._common import missing_text_error, read_text
     from attnviz.models.toy import ToyConfig
 
+    if text is None:
+        raise missing_text_error("a TEXT to explain")
     config = ToyConfig(d_model=d_model, heads=toy_heads, layers=toy_layers, causal=causal,
                        scale=not no_scale, seed=seed)
     explanation = explain_head(read_text(text), token, layer, head, config)

@@ -22,14 +22,30 @@ from attnviz.cli._common import (
     CmapOpt,
     DpiOpt,
     ExcludeSpecialOpt,
+    GammaOpt,
     HeadsOpt,
+    KeysOpt,
     LayersOpt,
+    QueriesOpt,
+    ScaleName,
+    ScaleOpt,
+    TokensOpt,
+    VmaxOpt,
     WordsOpt,
     handle_errors,
     model_spec,
     session,
     stderr,
     stdout,
+)
+from attnviz.cli._engine import (
+    BATCH_SIZE_MAX,
+    EngineName,
+    EngineOpt,
+    GpusPerWorkerOpt,
+    RayAddressOpt,
+    WorkersOpt,
+    ray_options,
 )
 from attnviz.errors import UsageError
 
@@ -84,12 +100,23 @@ def model_options(func: F) -> F:
 
 
 def _count_texts(path: str) -> int | None:
-    """Non-blank lines of an input file (streamed), or ``None`` for standard input."""
+    """Non-blank lines of an input file (streamed in bounded pieces), or ``None`` for
+    standard input, a pipe or a device (counting would consume it)."""
+    import os
+    import stat
+
     if path == "-":
         return None
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        count, blank = 0, True
         with open(path, "rb") as handle:
-            return sum(1 for line in handle if line.strip())
+            while chunk := handle.readline(1 << 20):
+                blank = blank and not chunk.strip()
+                if chunk.endswith(b"\n"):
+                    count, blank = count + (not blank), True
+        return count + (not blank)
     except OSError:
         return None  # read_input reports it
 
@@ -240,19 +267,30 @@ def export(
     ] = "heads,layers,overview",
     jobs: Annotated[int | None, typer.Option(
         "--jobs", "-j", min=1, rich_help_panel=OUTPUT_PANEL, show_default=False,
-        help="Drawing processes (default: the number of cores; 1 draws in this process).")
+        help="Drawing processes (default: 1 for fewer than 4 texts, where starting a worker "
+             "would cost more than it saves; else up to one per core).")
     ] = None,
     force: Annotated[bool, typer.Option(
         "--force", rich_help_panel=OUTPUT_PANEL,
         help="Redraw everything, even texts an earlier run finished.")] = False,
     batch_size: Annotated[int, typer.Option(
-        "--batch-size", min=1, rich_help_panel=INPUT_PANEL,
+        "--batch-size", min=1, max=BATCH_SIZE_MAX, rich_help_panel=INPUT_PANEL,
         help="Texts per forward pass of the model (padded batches; 1 runs them one by one). "
              "Texts from the cache or --from skip the model.")] = 8,
+    engine: EngineOpt = EngineName.local,
+    ray_address: RayAddressOpt = None,
+    workers: WorkersOpt = None,
+    gpus_per_worker: GpusPerWorkerOpt = None,
     html: Annotated[bool, typer.Option(
         "--html", rich_help_panel=OUTPUT_PANEL,
         help="Also write OUT_DIR/report.html: the interactive report of every exported "
              "text.")] = False,
+    tokens: TokensOpt = None,
+    queries: QueriesOpt = None,
+    keys: KeysOpt = None,
+    scale: ScaleOpt = ScaleName.power,
+    gamma: GammaOpt = 0.5,
+    vmax: VmaxOpt = "auto",
 ) -> None:
     """Export every head of many texts: images, grids, overview, capture, top-k.
 
@@ -274,6 +312,8 @@ def export(
       attnviz export --from cat/ --format svg -o figs/
 
       attnviz export --input texts.txt --batch-size 16 --html -o figs/
+
+      attnviz export --input texts.txt --engine ray --workers 4 -o /shared/figs/
     """
     from attnviz.export import ExportOptions, export_items, read_input
 
@@ -285,11 +325,22 @@ def export(
     if not text_list and not dump_list and input_file is None:
         raise UsageError("nothing to export: give TEXT arguments, --input FILE or --from DUMP",
                          "example: attnviz export \"The cat sat on the mat\" -o figs/")
+    ray = ray_options(engine, ray_address, workers, gpus_per_worker, batch_size,
+                      has_input=input_file is not None)
+    if ray is not None and dump_list:
+        raise UsageError("--engine ray exports the texts of --input, not saved captures (--from)",
+                         "export saved captures with --engine local")
+    if ray is not None and jobs is not None:
+        raise UsageError("--jobs sets the drawing processes of --engine local",
+                         "with --engine ray every worker draws its own texts: use --workers")
     kinds = tuple(k.strip().lower() for k in figures.split(",") if k.strip())
+    from attnviz.render.heatmap import parse_vmax
+
     options = ExportOptions(fmt=fmt.value, dpi=dpi, cmap=cmap, layers=layers, heads=heads,
                             words=words, exclude_special=exclude_special, annot=annot,
                             top_k=top_k, figures=kinds, jobs=jobs, force=force,
-                            batch_size=batch_size, html=html)
+                            batch_size=batch_size, html=html, scale=scale.value, gamma=gamma,
+                            vmax=parse_vmax(vmax), tokens=tokens, queries=queries, keys=keys)
     options.check()
     lines = read_input(input_file) if input_file is not None else None  # opens it now
     counted = _count_texts(input_file) if input_file is not None else 0
@@ -297,10 +348,19 @@ def export(
     progress = _progress(total)
     progress.start(total)
     try:
-        summary = export_items(_items(text_list, dump_list, lines), out, options,
-                               spec=model_spec(request), max_tokens=request.max_tokens,
-                               truncate=request.truncate, use_cache=not request.no_cache,
-                               progress=progress, session=session())
+        if ray is not None:
+            from attnviz.engine.ray_export import export_items_ray
+
+            summary = export_items_ray(_items(text_list, dump_list, lines), out, options,
+                                       spec=model_spec(request), ray=ray,
+                                       max_tokens=request.max_tokens, truncate=request.truncate,
+                                       use_cache=not request.no_cache, progress=progress,
+                                       note=progress.note)
+        else:
+            summary = export_items(_items(text_list, dump_list, lines), out, options,
+                                   spec=model_spec(request), max_tokens=request.max_tokens,
+                                   truncate=request.truncate, use_cache=not request.no_cache,
+                                   progress=progress, session=session())
     finally:
         stop = getattr(progress, "stop", None)
         if stop is not None:

@@ -7,16 +7,19 @@ the command, so ``--help`` stays fast.
 
 from __future__ import annotations
 
+import io
+import os
+import re
 from collections.abc import Iterator, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.markup import escape
 
 from attnviz.cli import app
-from attnviz.cli._analysis_common import LazyModel, capture_text, check_image_path, print_wide
+from attnviz.cli._analysis_common import LazyModel, capture_text, check_image_path
 from attnviz.cli._common import (
     INPUT_PANEL,
     OUTPUT_PANEL,
@@ -35,6 +38,15 @@ from attnviz.cli._common import (
     stdout,
     view_of,
     warn,
+)
+from attnviz.cli._engine import (
+    BATCH_SIZE_MAX,
+    EngineName,
+    EngineOpt,
+    GpusPerWorkerOpt,
+    RayAddressOpt,
+    WorkersOpt,
+    ray_options,
 )
 from attnviz.cli.core import TableFormat
 from attnviz.errors import InputError, UsageError
@@ -112,6 +124,7 @@ HEADS_HELP = "\n\n".join([
     "Examples:",
     "  attnviz heads \"The cat sat on the mat.\"",
     "  attnviz heads --input sentences.txt --sort sep --format csv -o heads.csv",
+    "  attnviz heads --input corpus.jsonl --engine ray --workers 4 --gpus-per-worker 0.5",
     "  attnviz heads \"The cat sat on the mat.\" --plot heads.png --stat entropy",
     "  attnviz heads \"A B C D\" --model toy --causal --toy-layers 2",
 ])
@@ -127,13 +140,60 @@ def _write_or_print(text: str, out: Path | None) -> None:
     stdout.print(str(out), markup=False)
 
 
-def _print_head_tables(rows: list[dict[str, Any]], layer_rows: list[dict[str, Any]],
-                       title: str) -> None:
+# Which statistics a narrow terminal keeps first (the rest are left out, and named).
+_PRIORITY = ("induction", "entropy", "distance", "previous", "first", "sep", "self", "next",
+             "punct", "max_weight", "local", "entropy_nats")
+_MIN_WIDTH = 20  # narrower consoles are treated as this wide
+_TRAILING_SPACE = re.compile(r"[ \t]+(?=(?:\x1b\[[0-9;]*m)*$)")
+
+
+def parse_columns(spec: str | None, keys: Sequence[str]) -> list[str] | None:
+    """The statistics ``--columns`` asks for, in display order; ``None`` means fit the width.
+
+    Args:
+        spec: comma-separated names, full (``entropy``) or short as in the table header
+            (``ent``), or ``all``.
+        keys: the statistics the rows have, in display order.
+
+    Raises:
+        UsageError: an unknown name, or ``induction`` when the test did not run.
+    """
+    if spec is None or not spec.strip():
+        return None
+    if spec.strip().lower() == "all":
+        return list(keys)
+    by_name = {**{name: name for name in _SHORT}, **{short: name for name, short in _SHORT.items()}}
+    wanted: list[str] = []
+    for part in spec.split(","):
+        name = part.strip().lower().replace("-", "_")
+        if not name:
+            raise UsageError(f"invalid --columns {spec!r}: empty name between commas")
+        if name not in by_name:
+            choices = ", ".join(f"{full} ({short})" if short != full else full
+                                for full, short in _SHORT.items())
+            raise UsageError(f"unknown column {part.strip()!r} in --columns",
+                             f"choose from: {choices}, or all")
+        full = by_name[name]
+        if full not in keys:
+            raise UsageError(f"--columns {part.strip()}: this table has no {full} statistic",
+                             "the induction test runs on live causal models (or add "
+                             "--induction)")
+        wanted.append(full)
+    return [k for k in keys if k in wanted]
+
+
+def _console_width() -> int:
+    """The width to fit: $COLUMNS when set, else the terminal's (80 when not a terminal)."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    width = int(columns) if columns.isdigit() else stdout.width
+    return max(width, _MIN_WIDTH)
+
+
+def _head_table(rows: list[dict[str, Any]], keys: Sequence[str], title: str) -> Any:
     from rich import box
     from rich.table import Table
 
-    keys = [k for k in (*_STATS, "induction") if rows and k in rows[0]]
-    table = Table(title=escape(title), box=box.SIMPLE_HEAD, pad_edge=False,
+    table = Table(title=escape(title), box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
                   title_justify="left")
     table.add_column("L", justify="right", no_wrap=True)
     table.add_column("H", justify="right", no_wrap=True)
@@ -143,17 +203,85 @@ def _print_head_tables(rows: list[dict[str, Any]], layer_rows: list[dict[str, An
     for row in rows:
         table.add_row(str(row["layer"]), str(row["head"]), escape(str(row["label"])),
                       *[f"{row[k]:.2f}" for k in keys])
-    print_wide(table)
-    summary = Table(title="Per layer (mean over heads)", box=box.SIMPLE_HEAD, pad_edge=False,
-                    title_justify="left")
-    summary.add_column("L", justify="right", no_wrap=True)
+    return table
+
+
+def _layer_table(layer_rows: list[dict[str, Any]], keys: Sequence[str]) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title="Per layer (mean over heads)", box=box.SIMPLE_HEAD, pad_edge=False,
+                  show_edge=False, title_justify="left")
+    table.add_column("L", justify="right", no_wrap=True)
     for key in keys:
-        summary.add_column(_SHORT[key], justify="right", no_wrap=True)
-    summary.add_column("labels", no_wrap=True)
+        table.add_column(_SHORT[key], justify="right", no_wrap=True)
+    table.add_column("labels", min_width=12)  # wraps at ", " when the width is short
     for entry in layer_rows:
         counts = escape(", ".join(f"{n} {label}" for label, n in entry["labels"].items()))
-        summary.add_row(str(entry["layer"]), *[f"{entry[k]:.2f}" for k in keys], counts)
-    print_wide(summary)
+        table.add_row(str(entry["layer"]), *[f"{entry[k]:.2f}" for k in keys], counts)
+    return table
+
+
+def fit_columns(rows: list[dict[str, Any]], keys: Sequence[str], width: int) -> list[str]:
+    """The statistics that fit ``width`` characters beside layer, head and label.
+
+    Columns are taken in :data:`_PRIORITY` order while the table still fits, then shown in
+    display order; at least one is always kept.
+    """
+    chosen: list[str] = []
+    for key in (k for k in _PRIORITY if k in keys):
+        trial = [k for k in keys if k in chosen or k == key]
+        if _natural_width(_head_table(rows, trial, "")) <= width or not chosen:
+            chosen.append(key)
+    return [k for k in keys if k in chosen]
+
+
+def _natural_width(table: Any) -> int:
+    """How wide a table is when nothing is wrapped or squeezed."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console(width=10_000, file=io.StringIO())
+    return int(Measurement.get(console, console.options, table).maximum)
+
+
+def render_plain(renderables: Sequence[Any], width: int) -> str:
+    """Render rich objects at ``width`` and drop trailing spaces from every line.
+
+    Colours are kept on a terminal; piped output is plain text.
+    """
+    from rich.console import Console
+
+    console = Console(width=width, file=io.StringIO(), force_terminal=stdout.is_terminal,
+                      color_system="auto" if stdout.is_terminal else None, highlight=False)
+    for item in renderables:
+        console.print(item)
+    text = cast(io.StringIO, console.file).getvalue()
+    lines = []
+    for line in text.split("\n"):
+        previous = None
+        while previous != line:  # spaces may hide between closing colour codes
+            previous, line = line, _TRAILING_SPACE.sub("", line)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _print_head_tables(rows: list[dict[str, Any]], layer_rows: list[dict[str, Any]],
+                       title: str, columns: list[str] | None) -> None:
+    keys = [k for k in (*_STATS, "induction") if rows and k in rows[0]]
+    width = _console_width()
+    shown = columns if columns is not None else fit_columns(rows, keys, width)
+    table = _head_table(rows, shown, title)
+    if columns is not None:  # the columns asked for, whole, even if wider than the terminal
+        width = max(width, _natural_width(table))
+    text = render_plain([table, "", _layer_table(layer_rows, shown)], width)
+    stdout.file.write(text)
+    stdout.file.flush()
+    left_out = [k for k in keys if k not in shown]
+    if left_out and columns is None:
+        stderr.print(f"Left out to fit {width} columns: {', '.join(_SHORT[k] for k in left_out)}"
+                     " (choose with --columns, e.g. --columns all; --format csv has every "
+                     "statistic)", markup=False, highlight=False)
 
 
 @app.command("heads", help=HEADS_HELP)
@@ -167,9 +295,13 @@ def heads_command(
              "standard input. Statistics are averaged over all texts, weighted by tokens.")
     ] = None,
     batch_size: Annotated[int, typer.Option(
-        "--batch-size", min=1, rich_help_panel=INPUT_PANEL,
+        "--batch-size", min=1, max=BATCH_SIZE_MAX, rich_help_panel=INPUT_PANEL,
         help="With --input: texts per forward pass (padded batches; 1 runs them one by "
              "one).")] = 8,
+    engine: EngineOpt = EngineName.local,
+    ray_address: RayAddressOpt = None,
+    workers: WorkersOpt = None,
+    gpus_per_worker: GpusPerWorkerOpt = None,
     layers: LayersOpt = None,
     heads: HeadsOpt = None,
     sort: Annotated[SortKey, typer.Option(
@@ -199,6 +331,11 @@ def heads_command(
         "--induction/--no-induction", rich_help_panel=VIEW_PANEL, show_default=False,
         help="Run the repeated random-token induction test (default: for causal models run "
              "live, not with --from).")] = None,
+    columns: Annotated[str | None, typer.Option(
+        "--columns", "-c", rich_help_panel=OUTPUT_PANEL, metavar="LIST",
+        help="Statistics in the table, e.g. ent,prev,sep (names as in the header or in full), "
+             "or all. Default: as many as fit the terminal width. csv, json and markdown "
+             "always hold every statistic.")] = None,
     exclude_special: ExcludeSpecialOpt = False,
     words: WordsOpt = False,
 ) -> None:
@@ -208,11 +345,15 @@ def heads_command(
 
     sort_key = sort.value
     stat_key = stat.value
+    parse_columns(columns, (*_STATS, "induction"))  # a misspelt name fails before any work
     check_image_path(plot, "--plot")
     if plot is not None:
         from attnviz.render.heatmap import check_cmap
 
         check_cmap(cmap)
+    ray = ray_options(engine, ray_address, workers, gpus_per_worker, batch_size,
+                      has_input=input_file is not None)
+    ray_induction: list[Any] | None = None  # the induction test, when a Ray worker ran it
     model: LazyModel | None = None
     if input_file is not None:
         if request.text is not None or request.from_path is not None:
@@ -255,12 +396,25 @@ def heads_command(
         with Progress(console=stderr, transient=True,
                       disable=len(texts) < 2 or not stderr.is_terminal) as progress:
             task = progress.add_task("Capturing", total=len(texts))
-            corpus = corpus_stats(
-                texts, lambda text, pair: capture_text(live, text, pair, layers, heads),
-                words=words, exclude_special=exclude_special,
-                warn=lambda message: warn(escape(message)),
-                advance=lambda: progress.advance(task),
-                capture_all=capture_all if input_file is not None and batch_size > 1 else None)
+            if ray is not None:
+                from attnviz.engine.ray_heads import corpus_stats_ray
+
+                corpus, *ray_induction = corpus_stats_ray(
+                    texts, spec=model_spec(request), options=ray, layers=layers, heads=heads,
+                    max_tokens=request.max_tokens, truncate=request.truncate,
+                    use_cache=not request.no_cache, words=words,
+                    exclude_special=exclude_special, induction=induction,
+                    warn=lambda message: warn(escape(message)),
+                    advance=lambda count: progress.advance(task, count),
+                    note=lambda message: stderr.print(message, markup=False, style="dim"))
+            else:
+                corpus = corpus_stats(
+                    texts, lambda text, pair: capture_text(live, text, pair, layers, heads),
+                    words=words, exclude_special=exclude_special,
+                    warn=lambda message: warn(escape(message)),
+                    advance=lambda: progress.advance(task),
+                    capture_all=(capture_all if input_file is not None and batch_size > 1
+                                 else None))
         if corpus.failed:
             warn(f"{corpus.failed} text(s) could not be used and were skipped")
         sums, view = corpus.sums, corpus.view
@@ -270,7 +424,10 @@ def heads_command(
         capture = obtain_capture(request, layers=layers, heads=heads)
         view = view_of(capture, exclude_special=exclude_special, words=words)
         sums = stat_sums(view)
-    scores, induction_info = measure_induction(model, view, induction)
+    if ray_induction is not None:
+        scores, induction_info = ray_induction
+    else:
+        scores, induction_info = measure_induction(model, view, induction)
     if sort_key == "induction" and scores is None:
         raise UsageError("--sort induction needs the induction test",
                          "run on a live causal model, or add --induction")
@@ -280,7 +437,8 @@ def heads_command(
     report = head_report(sums, view, scores, induction_info=induction_info, sort=sort_key,
                          ascending=ascending, words=words, exclude_special=exclude_special)
     if fmt is TableFormat.table and out is None:
-        _print_head_tables(report.rows, report.layer_rows, report.title)
+        _print_head_tables(report.rows, report.layer_rows, report.title,
+                           parse_columns(columns, report.keys))
     else:
         _write_or_print(report.format("markdown" if fmt is TableFormat.table else fmt.value),
                         out)

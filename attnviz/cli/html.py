@@ -23,7 +23,6 @@ from attnviz.cli._common import (
     capture_options,
     check_text,
     handle_errors,
-    load_model,
     obtain_capture,
     stdout,
     validate_request,
@@ -59,11 +58,10 @@ def read_input_file(path: Path) -> tuple[list[InputText], int]:
         raw = sys.stdin.read()
         where = "standard input"
     else:
-        if not path.is_file():
-            raise InputError(f"--input {path} does not exist or is not a file",
-                             "give a text file with one text per line")
-        try:
-            raw = path.read_text(encoding="utf-8")
+        from attnviz.fileio import read_input_text
+
+        try:  # bounded: a pipe or a device such as /dev/zero cannot exhaust memory
+            raw = read_input_text(path, "--input")
         except UnicodeDecodeError as exc:
             raise InputError(f"--input {path} is not valid UTF-8 (byte {exc.start})",
                              "save the file as UTF-8 and try again") from None
@@ -104,19 +102,19 @@ def read_input_file(path: Path) -> tuple[list[InputText], int]:
 
 def _captures_from_file(request: CaptureRequest, path: Path, layers: str | None,
                         heads: str | None) -> list[Capture]:
-    """Run the model once per text of an ``--input`` file (loading it once)."""
-    from attnviz.selection import parse_selection
+    """One capture per text of an ``--input`` file, through the CLI session: from the capture
+    cache when it holds the text, else from the model (loaded once)."""
+    from attnviz.cli._common import model_spec, session
 
     texts, blank = read_input_file(path)
     if blank:
         warn(f"skipped {blank} blank line{'s' if blank != 1 else ''} in {path}")
-    source = load_model(request)
-    layer_list = parse_selection(layers, source.num_layers, "layer") if layers else None
-    head_list = parse_selection(heads, source.num_heads, "head") if heads else None
+    spec = model_spec(request)
     captures = []
     for item in texts:
-        capture = source.capture(item.text, item.pair, layers=layer_list, heads=head_list,
-                                 max_tokens=request.max_tokens, truncate=request.truncate)
+        capture = session().capture(item.text, item.pair, model=spec, layers=layers,
+                                    heads=heads, max_tokens=request.max_tokens,
+                                    truncate=request.truncate, use_cache=not request.no_cache)
         for message in capture.meta.get("warnings", []):
             warn(f"line {item.line}: {message}")
         captures.append(capture)

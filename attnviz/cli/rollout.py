@@ -24,9 +24,9 @@ from attnviz.cli._common import (
     ExcludeSpecialOpt,
     WordsOpt,
     capture_options,
+    check_indices,
     handle_errors,
     obtain_capture,
-    stderr,
     stdout,
     view_of,
     warn,
@@ -50,12 +50,29 @@ ROLLOUT_HELP = "\n\n".join([
     "A = rownorm(0.5 A + 0.5 I). Multiply upward from --start-layer: R = A_start, then "
     "R = A_l @ R. Rows of R sum to 1.",
     "Writes the heatmap, the matrix (.npy, float32) and a bar chart of one token's row "
-    "(--token), and prints their paths. In a causal model rollout favours early tokens.",
+    "(--token), prints their paths and then that row's five largest entries. In a causal "
+    "model rollout favours early tokens.",
     "Examples:",
     "  attnviz rollout \"The cat sat on the mat\" --token cat",
     "  attnviz rollout \"The cat sat\" --head-fusion max --start-layer 2 -o roll.png",
     "  attnviz rollout --from cat/ --npy rollout.npy",
 ])
+
+
+def _token_slug(tokens: list[str], index: int) -> str:
+    """The bar chart's file-name part for token ``index``: ``it``, ``cls``, ``the-5``, ``pos3``.
+
+    A token that occurs more than once gets its position, so two rows never share a name.
+    """
+    import re
+
+    from attnviz.fileio import slugify
+
+    token = tokens[index]
+    if not re.search(r"[A-Za-z0-9]", token):
+        return f"pos{index}"
+    slug = slugify(token, 20)
+    return f"{slug}-{index}" if tokens.count(token) > 1 else slug
 
 
 def _default_path(capture: Capture) -> Path:
@@ -95,7 +112,8 @@ def rollout_command(
     ] = None,
     bar: Annotated[Path | None, typer.Option(
         "--bar", rich_help_panel=OUTPUT_PANEL,
-        help="Bar chart file. Default: beside the heatmap, ending in _bar.")] = None,
+        help="Bar chart file. Default: beside the heatmap, ending in _bar_TOKEN (e.g. "
+             "rollout_bar_it.png for -o rollout.png --token it).")] = None,
     cmap: CmapOpt = "viridis",
     annot: Annotated[bool | None, typer.Option(
         "--annot/--no-annot", rich_help_panel=OUTPUT_PANEL, show_default=False,
@@ -105,11 +123,11 @@ def rollout_command(
     dpi: DpiOpt = 100,
 ) -> None:
     """Attention rollout of a text or capture: heatmap, matrix and one token's bar chart."""
-    """Attention rollout of a text or capture: heatmap, matrix and one token's bar chart."""
     check_image_path(out, "--out")
     check_image_path(bar, "--bar")
     if npy is not None and npy.suffix.lower() != ".npy":
         raise UsageError(f"--npy {npy} must end in .npy")
+    check_indices(request, layer=start_layer)  # from the model's config, before loading it
     from attnviz.analysis.rollout import rollout_view, save_matrix
     from attnviz.render import analysis as figures
     from attnviz.render.heatmap import check_cmap, save_figure
@@ -120,7 +138,8 @@ def rollout_command(
     result = rollout_view(view, head_fusion.value, start_layer, token)
     out_path = out or _default_path(capture)
     npy_path = npy or out_path.with_suffix(".npy")
-    bar_path = bar or out_path.with_name(f"{out_path.stem}_bar{out_path.suffix}")
+    bar_path = bar or out_path.with_name(
+        f"{out_path.stem}_bar_{_token_slug(result.tokens, result.index)}{out_path.suffix}")
     if view.causal:
         warn("rollout on a causal model favours early tokens: every later token sees them, so "
              "the product of lower-triangular matrices piles weight on the first positions. "
@@ -134,4 +153,4 @@ def rollout_command(
     save_figure(chart, bar_path, dpi=dpi)
     for path in (out_path, npy_path, bar_path):
         stdout.print(str(path), markup=False)
-    stderr.print(result.summary(), markup=False)
+    stdout.print(result.summary(), markup=False)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnviz.capture import Capture, clean_token
+from attnviz.capture import Capture, clean_token, guess_word_ids
 from attnviz.errors import InputError, ModelLoadError, UsageError
 
 BUNDLED_NAME = "minilm"
@@ -157,8 +157,6 @@ class HFSource:
         import transformers
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-        from attnviz.models.hooks import find_attention_modules
-
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
         kwargs: dict[str, Any] = {"revision": self.revision,
@@ -187,17 +185,31 @@ class HFSource:
                 model = AutoModel.from_pretrained(self.location, **load_kwargs)
         except _LOAD_ERRORS as exc:
             raise _friendly_load_error(self.name, exc, self.is_local) from None
+        self._adopt(model, config)
+
+    def _adopt(self, model: Any, config: Any, *, place: bool = True) -> None:
+        """Read what a capture needs (shape, limits, attention modules) from a loaded model.
+
+        Args:
+            model: the loaded transformers model.
+            config: its configuration.
+            place: move the model to ``self.device`` and switch it to eval mode (models loaded
+                here). ``False`` leaves a model someone else owns where and as it is
+                (:mod:`attnviz.models.own`); its inputs then go to its embeddings' device.
+        """
+        from attnviz.models.hooks import find_attention_modules
+
         self.config = config
         self._supports_sdpa = bool(getattr(model, "_supports_sdpa", False))
         self.hf_device_map: dict[str, Any] | None = getattr(model, "hf_device_map", None)
         self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
         if self.encoder_decoder and hasattr(model, "get_encoder"):
             model = model.get_encoder()  # self-attention of the encoder stack
-        if self.device_map is None:
-            model = model.to(self.device)
-        else:
+        if not place or self.device_map is not None:
             self.device = _input_device(model)
-        self.model = model.eval()
+        else:
+            model = model.to(self.device)
+        self.model = model.eval() if place else model
         self._forward_params = _parameters_of(model.forward)
         self.num_layers = int(_first_attr(config, ("num_hidden_layers", "n_layer", "num_layers",
                                                    "n_layers"), 0))
@@ -300,7 +312,11 @@ class HFSource:
         """Tokens, global word ids and special flags of one encoded row."""
         ids = enc["input_ids"][row].tolist()
         tokens = [str(t) for t in self.tokenizer.convert_ids_to_tokens(ids)]
-        special = [bool(s) for s in enc["special_tokens_mask"][row].tolist()]
+        # The mask flags the specials the tokenizer added; one typed in the text ("[SEP]",
+        # "<|endoftext|>") becomes the same id and is just as special.
+        specials = self.special_ids()
+        special = [bool(s) or i in specials
+                   for s, i in zip(enc["special_tokens_mask"][row].tolist(), ids)]
         word_ids: list[int | None]
         try:
             raw = enc.word_ids(row)
@@ -313,6 +329,25 @@ class HFSource:
             word_ids = [None if (w is None or sp) else (w + first_len if s == 1 else w)
                         for w, s, sp in zip(raw, seq, special)]
         return tokens, word_ids, special
+
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the tokenizer's special tokens ([CLS], [SEP], <|endoftext|>, ...).
+
+        The unknown-word token is left out unless it doubles as another special token (as
+        GPT-2's <|endoftext|> does): it stands for a word the vocabulary lacks, not a marker.
+        """
+        cached: tuple[Any, frozenset[int]] | None = getattr(self, "_special_id_cache", None)
+        if cached is not None and cached[0] is self.tokenizer:
+            return cached[1]
+        tokenizer = self.tokenizer
+        ids = {int(i) for i in (getattr(tokenizer, "all_special_ids", None) or [])}
+        unknown = getattr(tokenizer, "unk_token_id", None)
+        named = {getattr(tokenizer, f"{name}_token_id", None)
+                 for name in ("bos", "eos", "sep", "cls", "pad", "mask")}
+        if unknown is not None and unknown not in named:
+            ids.discard(int(unknown))
+        self._special_id_cache = (tokenizer, frozenset(ids))
+        return self._special_id_cache[1]
 
     def display_of(self, tokens: list[str], special: list[bool]) -> list[str]:
         """Readable tokens: markers removed, byte-level pieces decoded."""
@@ -628,6 +663,7 @@ class HFSource:
         tokenizer = self.tokenizer
         if tokenizer.pad_token is not None:
             return
+        self.special_ids()  # before a stand-in pad token joins the tokenizer's specials
         for candidate in (tokenizer.eos_token, tokenizer.unk_token, tokenizer.bos_token):
             if candidate is not None:
                 tokenizer.pad_token = candidate
@@ -762,31 +798,3 @@ def _looks_causal(attentions: tuple[torch.Tensor, ...]) -> bool:
         return False
     upper = torch.ones(size, size, dtype=torch.bool, device=attentions[0].device).triu(1)
     return all(bool((a[0][:, upper] == 0).all()) for a in attentions)
-
-
-def guess_word_ids(tokens: list[str], special: list[bool]) -> list[int | None]:
-    """Word ids from subword markers, for tokenizers that do not report them.
-
-    ``##`` continues the previous word (WordPiece); ``Ġ`` and ``▁`` start a new one (BPE and
-    SentencePiece); in a marker-starting tokenizer a piece without a marker continues the word.
-    """
-    starts_marked = any(t.startswith(("\u0120", "\u2581")) for t in tokens)
-    word_ids: list[int | None] = []
-    current = -1
-    previous_special = True
-    for token, is_special in zip(tokens, special):
-        if is_special:
-            word_ids.append(None)
-            previous_special = True
-            continue
-        if token.startswith("##"):
-            new_word = previous_special
-        elif starts_marked:
-            new_word = previous_special or token.startswith(("\u0120", "\u2581"))
-        else:
-            new_word = True
-        if new_word or current < 0:
-            current += 1
-        word_ids.append(current)
-        previous_special = False
-    return word_ids

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 import unicodedata
 from dataclasses import asdict, dataclass
@@ -31,6 +32,10 @@ from attnviz.capture import Capture
 from attnviz.errors import InputError, UsageError
 
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+
+#: Tokens the toy model takes, like a real model's own limit: past it a text is cut (with a
+#: warning) or refused with ``truncate=False``; ``max_tokens`` (``--max-tokens``) moves it.
+DEFAULT_MAX_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,7 @@ class ToySource:
         self.name = "toy"
         self.num_layers = self.config.layers
         self.num_heads = self.config.heads
+        self.max_tokens = DEFAULT_MAX_TOKENS
 
     def identity(self) -> dict[str, object]:
         """What determines this source's weights (for cache keys)."""
@@ -177,8 +183,13 @@ class ToySource:
                 truncate: bool = True) -> Capture:
         """Run the toy model on ``text`` (and ``pair``) and return the capture.
 
-        The toy tokenizer has no length limit of its own; ``max_tokens`` keeps the first words
-        (with a warning in ``meta["warnings"]``) or, with ``truncate=False``, raises.
+        Past the limit (:data:`DEFAULT_MAX_TOKENS` words, or ``max_tokens`` when given, which
+        may raise it) the first words are kept with a warning in ``meta["warnings"]``, or, with
+        ``truncate=False``, :class:`InputError` is raised.
+
+        Raises:
+            InputError: no words, too many words with ``truncate=False``, or a capture that
+                would not fit in free memory.
         """
         from attnviz.models._torch import to_numpy
 
@@ -187,20 +198,13 @@ class ToySource:
         if not words or (pair is not None and not second):
             raise InputError("the text has no words to attend over",
                              "give a sentence such as \"The cat sat on the mat\"")
-        tokens = words + second
-        warnings: list[str] = []
-        if max_tokens is not None and len(tokens) > max_tokens:
-            if not truncate:
-                raise InputError(f"the text has {len(tokens)} words, more than --max-tokens "
-                                 f"{max_tokens}", "shorten the text or raise --max-tokens")
-            warnings.append(f"the text has {len(tokens)} words; kept the first {max_tokens}, "
-                            f"dropped {len(tokens) - max_tokens}")
-            tokens = tokens[:max_tokens]
+        tokens, warnings = self._limit(words + second, max_tokens, truncate)
+        keep_layers = layers if layers is not None else list(range(self.num_layers))
+        keep_heads = heads if heads is not None else list(range(self.num_heads))
+        check_memory(self.config, len(tokens), len(keep_layers))
         with torch.inference_mode():
             x = self.model.embed(tokens).to(device=self.device, dtype=self.dtype)
             per_layer = self.model(x)
-        keep_layers = layers if layers is not None else list(range(self.num_layers))
-        keep_heads = heads if heads is not None else list(range(self.num_heads))
         weights = np.stack([to_numpy(per_layer[i][keep_heads]) for i in keep_layers])
         return Capture(
             tokens=tokens, word_ids=list(range(len(tokens))), special=[False] * len(tokens),
@@ -210,6 +214,63 @@ class ToySource:
             meta={"source": "toy", "toy": asdict(self.config), "dtype": str(self.dtype),
                   "device": str(self.device), "warnings": warnings},
         )
+
+
+    def _limit(self, tokens: list[str], max_tokens: int | None,
+               truncate: bool) -> tuple[list[str], list[str]]:
+        """The tokens within the limit, and a warning when some were dropped."""
+        limit = self.max_tokens if max_tokens is None else max_tokens
+        if len(tokens) <= limit:
+            return tokens, []
+        over = (f"more than --max-tokens {limit}" if max_tokens is not None
+                else f"more than the toy model's limit of {limit} tokens (raise it with "
+                     "--max-tokens)")
+        if not truncate:
+            raise InputError(f"the text has {len(tokens)} words, {over}",
+                             f"shorten the text, pass --max-tokens {len(tokens)} to take it "
+                             f"whole, or --truncate to keep the first {limit} words")
+        return tokens[:limit], [f"the text has {len(tokens)} words, {over}; kept the first "
+                                f"{limit}, dropped {len(tokens) - limit}"]
+
+
+def _free_memory() -> int | None:
+    """Bytes of memory available now, or ``None`` when the system does not say."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # pragma: no cover - psutil comes with accelerate
+        pass
+    try:  # pragma: no cover - fallback
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):  # pragma: no cover
+        return None
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} GiB"  # pragma: no cover
+
+
+def check_memory(config: ToyConfig, tokens: int, kept_layers: int) -> None:
+    """Refuse a toy run whose ``[head, query, key]`` arrays cannot fit in free memory.
+
+    Every block holds its weights plus about three working copies (scores, scaled, masked),
+    and the capture stacks the kept layers once more.
+    """
+    needed = 4 * config.heads * tokens * tokens * (config.layers + 3 + kept_layers)
+    available = _free_memory()
+    if available is None or needed <= 0.8 * available:
+        return
+    raise InputError(
+        f"the toy model needs about {_size(needed)} of memory for {tokens} tokens "
+        f"({config.layers} layers x {config.heads} heads x {tokens}x{tokens} weights) but "
+        f"only {_size(available)} is free",
+        f"lower --max-tokens (the default limit is {DEFAULT_MAX_TOKENS}), shorten the text, "
+        "or use fewer --toy-heads/--toy-layers")
 
 
 @dataclass
@@ -278,6 +339,11 @@ def trace_head(source: ToySource, text: str, layer: int = 0, head: int = 0,
     if not tokens:
         raise InputError("the text has no words to attend over",
                          "give a sentence such as \"The cat sat on the mat\"")
+    if len(tokens) > source.max_tokens:
+        raise InputError(f"the text has {len(tokens)} words, more than the toy model's limit "
+                         f"of {source.max_tokens} tokens",
+                         "shorten the text: the step-by-step view is for a few words")
+    check_memory(source.config, len(tokens), 1)
     model = source.model
     with torch.inference_mode():
         x = model.embed(tokens).to(device=source.device, dtype=source.dtype)

@@ -4,32 +4,34 @@ Drawing a labelled heatmap with matplotlib costs about 0.5 s, almost all of it i
 labels, axis labels, colour bar and title, and for one text those are the same for every head.
 A :class:`FrameTemplate` draws that frame once (with the very figure code of
 :func:`attnviz.render.heatmap.draw_head` or :func:`~attnviz.render.heatmap.draw_grid`, its images
-hidden) and remembers where each image's axes lie in pixels. Each head then costs:
+hidden) and remembers where each image lies in pixels. Figures are laid out by hand (no layout
+engine), so one frame serves every figure of its shape. Each head then costs:
 
-* colour-mapping the ``[query, key]`` matrix through a lookup table of the colour map, exactly as
-  matplotlib bins values (``int(value * N)``);
-* a nearest-neighbour upscale into the axes' pixel box (the spines, drawn black over the image by
-  matplotlib, are multiplied back in);
-* the per-figure title, drawn once per title string by matplotlib into an alpha mask and blended;
+* colour-mapping the ``[query, key]`` matrix through the lookup table of the colour map and
+  the colour scale (:meth:`~attnviz.render.heatmap.ResolvedScale.colours`, the same function
+  ``draw_head`` paints with);
+* a nearest-neighbour upscale into the image's pixel box; whatever the frame draws over the
+  image (spines, panel borders, a sentence pair's white divider) is composited back exactly,
+  from the frame drawn over white and, where needed, over black;
+* the texts that change from figure to figure: the title and the colour bar's tick labels
+  (their values follow the data's maximum), drawn once per string by matplotlib into alpha
+  masks and blended;
 * for annotated heads, the cell values ``"0.00"``..``"1.00"``, drawn once per string as alpha
   sprites and blended in white or black with the same contrast rule as ``draw_head``;
 * a PNG encoder written for these images: the PNG "Up" filter turns every pixel row repeated
   by the nearest-neighbour upscale into zeros, and runs of zero rows are emitted as
   precompressed deflate blocks instead of going through zlib (level 1) again.
 
-The result looks like ``attnviz heatmap --layer L --head H`` (same layout, fonts, colours; cell
-edges and text may sit one pixel apart) at a few per cent of the cost.
+The result looks like ``attnviz heatmap --layer L --head H`` (same layout, fonts, colours; text
+may sit one pixel apart) at a few per cent of the cost.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import struct
-import warnings
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import matplotlib
@@ -44,59 +46,19 @@ from matplotlib.text import Text  # noqa: E402
 from matplotlib.transforms import IdentityTransform  # noqa: E402
 
 from attnviz.render import heatmap  # noqa: E402
+from attnviz.render.heatmap import (  # noqa: E402, F401  (re-exported)
+    ColourScale,
+    ColourTable,
+    colour_table,
+    figure_bytes,
+    plain_text,
+)
 
 PNG_LEVEL = 1  # zlib level: 1 is ~3x faster than 6 for ~1.5x the bytes on these images
 
 
-@contextlib.contextmanager
-def plain_text() -> Iterator[None]:
-    """Draw labels as plain text: no mathtext for ``$`` in tokens, no glyph or layout warnings.
-
-    Also makes SVG output reproducible (fixed hash salt for element ids).
-    """
-    with matplotlib.rc_context({"text.parse_math": False, "svg.hashsalt": "attnviz"}), \
-            warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*[Gg]lyph .* missing from")
-        warnings.filterwarnings("ignore", message=r".*[Mm]atplotlib currently does not support")
-        warnings.filterwarnings("ignore", message=r".*[Tt]ight layout not applied")
-        yield
-
-
 # --------------------------------------------------------------------------- colour maps
-@dataclass(frozen=True)
-class ColourTable:
-    """A colour map as lookup tables: ``rgb[i]`` bytes and whether text on it should be white."""
-
-    name: str
-    rgb: np.ndarray  # [N, 3] uint8, what matplotlib paints for bin i
-    light_text: np.ndarray  # [N] bool, draw_head's rule: luminance < 0.5 -> white text
-
-    @property
-    def size(self) -> int:
-        return int(self.rgb.shape[0])
-
-    def bins(self, matrix: np.ndarray, vmax: float = 1.0) -> np.ndarray:
-        """Bin index of each value, as ``Colormap.__call__`` bins ``value / vmax``.
-
-        Args:
-            matrix: any shape, e.g. ``[query, key]``.
-
-        Returns:
-            ``intp`` array of the same shape, in ``0..N-1`` (NaN -> 0).
-        """
-        size = self.size
-        scaled = np.nan_to_num(np.asarray(matrix, dtype=np.float64) / (vmax or 1.0), nan=0.0)
-        return np.clip(scaled * size, 0, size - 1).astype(np.intp)
-
-
-def colour_table(name: str) -> ColourTable:
-    """The lookup tables of a named matplotlib colour map."""
-    cmap = matplotlib.colormaps[heatmap.check_cmap(name)]
-    index = np.arange(cmap.N)
-    rgb = np.ascontiguousarray(cmap(index, bytes=True)[:, :3], dtype=np.uint8)
-    floats = cmap(index)[:, :3]
-    luminance = 0.299 * floats[:, 0] + 0.587 * floats[:, 1] + 0.114 * floats[:, 2]
-    return ColourTable(name, rgb, luminance < 0.5)
+# ColourTable and colour_table live in attnviz.render.heatmap (imported above).
 
 
 # --------------------------------------------------------------------------- PNG
@@ -112,7 +74,11 @@ class PngWriter:
     upscale becomes zeros. Such zero rows are not fed to zlib at all: one zero row is
     compressed once, into self-contained deflate blocks, and repeated; zlib (level 1) only
     sees the other rows, each run ended with a full flush so the pieces join into one valid
-    stream. The filter buffer is kept between calls.
+    stream. A full flush makes a run's compressed bytes depend on that run alone, so a run of
+    rows equal to the one at the same rows of an earlier image (the labels beside and under a
+    heatmap, between the rows where its cells change) reuses its compressed bytes: the output
+    is byte for byte what compressing it again would give.
+    The filter buffer is kept between calls.
     """
 
     def __init__(self, height: int, width: int, dpi: float = heatmap.DEFAULT_DPI) -> None:
@@ -128,6 +94,8 @@ class PngWriter:
         zero_row = bytes([2]) + bytes(width * 3)
         packer = zlib.compressobj(PNG_LEVEL, zlib.DEFLATED, -15)
         self._zero_row = packer.compress(zero_row) + packer.flush(zlib.Z_FULL_FLUSH)
+        self._runs: dict[tuple[int, int], tuple[bytes, bytes]] = {}  # rows -> (raw, deflated)
+        self._last: np.ndarray | None = None  # the last image's filtered rows
 
     def encode(self, image: np.ndarray) -> bytes:
         """PNG bytes of ``image`` ``[height, width, 3]`` uint8."""
@@ -140,7 +108,14 @@ class PngWriter:
         np.subtract(flat[1:], flat[:-1], out=raw[1:, 1:])  # wraps modulo 256, as PNG wants
         zero = np.asarray(~raw[:, 1:].any(axis=1), dtype=bool)
         zero[0] = False
-        edges = np.flatnonzero(np.diff(zero.view(np.int8))) + 1
+        # Runs also break where rows start or stop being equal to the last image's, so the
+        # rows that change (cell edges, the title) leave the others reusable.
+        if self._last is None:
+            same = np.zeros(self.height, dtype=bool)
+        else:
+            same = ~(raw != self._last).any(axis=1)
+        kind = zero.view(np.int8) * 2 + same.view(np.int8)
+        edges = np.flatnonzero(np.diff(kind)) + 1
         starts = [0, *edges.tolist()]
         ends = [*edges.tolist(), self.height]
         row_bytes = raw.shape[1]
@@ -159,10 +134,19 @@ class PngWriter:
                 piece = data[start * row_bytes:end * row_bytes]
                 value = zlib.adler32(piece, (check_b << 16) | check_a)
                 check_a, check_b = value & 0xFFFF, value >> 16
-                pieces.append(packer.compress(piece))
-                pieces.append(packer.flush(zlib.Z_FULL_FLUSH))
+                known = self._runs.get((start, end))
+                if known is not None and known[0] == piece:
+                    pieces.append(known[1])
+                    continue
+                deflated = packer.compress(piece) + packer.flush(zlib.Z_FULL_FLUSH)
+                self._runs[(start, end)] = (bytes(piece), deflated)
+                pieces.append(deflated)
         pieces.append(packer.flush(zlib.Z_FINISH))
         pieces.append(struct.pack(">I", (check_b << 16) | check_a))
+        if self._last is None:
+            self._last = raw.copy()
+        else:
+            self._last[...] = raw
         return self._head + _chunk(b"IDAT", b"".join(pieces)) + _chunk(b"IEND", b"")
 
 
@@ -188,13 +172,16 @@ class _Box:
     right: int
     num_query: int
     num_key: int
-    row_runs: list[tuple[int, int, int]]  # (query, first row, end row), rows relative to top
+    row_index: np.ndarray  # [height] query index of each pixel row
     col_index: np.ndarray  # [width] key index of each pixel column
-    ring_rows: np.ndarray  # pixels in the box where the frame is not white (spines): rows
+    ring_rows: np.ndarray  # pixels in the box the frame draws over: rows
     ring_cols: np.ndarray  # ... and columns, relative to the box
-    ring_frame: np.ndarray  # [len(ring), 3] uint16 frame values there
+    ring_white: np.ndarray  # [len(ring), 3] uint16: the frame there, drawn over white
+    ring_black: np.ndarray  # [len(ring), 3] uint16: ... over black (zeros: black overlays)
     cell_rows: np.ndarray  # [query] pixel row of each cell centre (absolute)
     cell_cols: np.ndarray  # [key] pixel column of each cell centre (absolute)
+    centre_x: np.ndarray  # [key] display x of each cell centre (float)
+    centre_y: np.ndarray  # [query] display y of each cell centre (float)
 
 
 def _extent(bbox: object) -> tuple[float, float, float, float]:
@@ -203,8 +190,15 @@ def _extent(bbox: object) -> tuple[float, float, float, float]:
 
 
 def _box_from_extent(extent: tuple[float, float, float, float], frame: np.ndarray,
-                     num_query: int, num_key: int) -> _Box:
-    """Pixel layout of an ``imshow`` filling axes at display ``extent`` (x0, y0, x1, y1)."""
+                     num_query: int, num_key: int,
+                     black: np.ndarray | None = None) -> _Box:
+    """Pixel layout of an ``imshow`` at display ``extent`` (x0, y0, x1, y1).
+
+    ``frame`` is the figure drawn without the image (white beneath); ``black`` the same figure
+    with the image painted black, when something not black (a white divider) is drawn over
+    the image. A pixel the frame draws over with colour ``C`` and coverage ``a`` is then
+    ``a C + (1 - a) image = B + (W - B) / 255 * image``.
+    """
     height, width = frame.shape[:2]
     x0, y0, x1, y1 = extent
     # Agg snaps the image to whole pixels: it covers the pixels whose centres are inside.
@@ -219,19 +213,21 @@ def _box_from_extent(extent: tuple[float, float, float, float], frame: np.ndarra
     centres_x = np.arange(left, right) + 0.5
     cols = np.clip(np.floor((centres_x - x0) * num_key / max(x1 - x0, 1e-9)), 0,
                    num_key - 1).astype(np.intp)
-    runs: list[tuple[int, int, int]] = []
-    starts = np.flatnonzero(np.diff(rows, prepend=-1))
-    ends = np.append(starts[1:], len(rows))
-    for start, end in zip(starts.tolist(), ends.tolist()):
-        runs.append((int(rows[start]), start, end))
     region = frame[top:bottom, left:right]
-    ring_rows, ring_cols = np.nonzero((region != 255).any(axis=2))
+    drawn = (region != 255).any(axis=2)
+    dark = None
+    if black is not None:
+        dark = black[top:bottom, left:right]
+        drawn |= (dark != 0).any(axis=2)
+    ring_rows, ring_cols = np.nonzero(drawn)
+    white = region[ring_rows, ring_cols].astype(np.uint16)
+    under = (dark[ring_rows, ring_cols].astype(np.uint16) if dark is not None
+             else np.zeros_like(white))
     cell_x = x0 + (np.arange(num_key) + 0.5) * (x1 - x0) / num_key
     cell_y = y1 - (np.arange(num_query) + 0.5) * (y1 - y0) / num_query
-    return _Box(top, left, bottom, right, num_query, num_key, runs, cols, ring_rows, ring_cols,
-                region[ring_rows, ring_cols].astype(np.uint16),
-                cell_rows=(height - np.round(cell_y)).astype(np.intp),
-                cell_cols=np.round(cell_x).astype(np.intp))
+    return _Box(top, left, bottom, right, num_query, num_key, rows, cols, ring_rows, ring_cols,
+                white, under, cell_rows=(height - np.round(cell_y)).astype(np.intp),
+                cell_cols=np.round(cell_x).astype(np.intp), centre_x=cell_x, centre_y=cell_y)
 
 
 @dataclass
@@ -269,43 +265,49 @@ def _blend(region: np.ndarray, alpha: np.ndarray, colour: np.ndarray) -> None:
     region[...] = mixed.astype(np.uint8)
 
 
-def _text_masks(texts: Sequence[str], anchor: tuple[float, float], like: Text, *,
-                height: int, dpi: float) -> list[tuple[int, int, np.ndarray]]:
-    """Render each string as ``like`` would at display position ``anchor`` of a figure.
+def _text_masks(items: Sequence[tuple[str, tuple[float, float], Text]], *, height: int,
+                dpi: float) -> list[tuple[int, int, np.ndarray]]:
+    """Render each string as its ``like`` text would at its display ``anchor`` of a figure.
 
-    All strings are drawn in one figure (one strip per string, each shifted from the real
-    anchor by whole pixels so Agg rounds glyph positions the same way), then cut apart.
+    ``items`` holds ``(string, anchor, like)``. All strings are drawn in one figure (one strip
+    each, shifted from the real anchor by whole pixels so Agg rounds glyph positions the same
+    way), then cut apart.
 
     Returns:
-        For each string ``(top, left, alpha)``: the mask's first pixel row and column in a
-        figure ``height`` pixels tall, and the alpha mask ``[h, w]`` uint16.
+        For each item ``(top, left, alpha)``: the mask's first pixel row and column in a figure
+        ``height`` pixels tall, and the alpha mask ``[h, w]`` uint16.
     """
-    size_px = float(like.get_fontsize()) * dpi / 72.0
-    strip = int(np.ceil(size_px * 4)) + 8
-    longest = max((len(t) for t in texts), default=1)
-    width = int(np.ceil(size_px * 1.3 * longest + 4 * size_px)) + 8  # wider than any glyph run
-    total = strip * len(texts)
+    if not items:
+        return []
+    size_px = max(float(like.get_fontsize()) for _, _, like in items) * dpi / 72.0
+    lines = max(t.count("\n") + 1 for t, _, _ in items)
+    strip = int(np.ceil(size_px * (2.6 * lines + 1))) + 8  # the anchor is in the middle
+    longest = max(heatmap.text_width(line, float(like.get_fontsize())) * dpi
+                  for t, _, like in items for line in t.split("\n"))
+    width = int(np.ceil(longest * 1.1 + 8 * size_px)) + 8  # wider than any glyph run
+    total = strip * len(items)
     fig = Figure(figsize=(width / dpi, total / dpi), dpi=dpi)
     fig.patch.set_facecolor("white")
-    ax_x, ax_y = anchor
-    align = like.get_horizontalalignment()
-    target_x = {"left": 4 * size_px, "right": width - 4 * size_px}.get(align, width / 2)
-    shift_x = int(np.round(ax_x - target_x))
     shifts = []
-    for index, string in enumerate(texts):
+    for index, (string, (ax_x, ax_y), like) in enumerate(items):
+        align = like.get_horizontalalignment()
+        target_x = {"left": 4 * size_px, "right": width - 4 * size_px}.get(align, width / 2)
+        shift_x = int(np.round(ax_x - target_x))
         target = total - (index * strip + strip // 2)
         shift = int(np.round(ax_y - target))
-        shifts.append(shift)
+        shifts.append((shift_x, shift))
         fig.add_artist(Text(ax_x - shift_x, ax_y - shift, string, color="black",
                             fontproperties=like.get_fontproperties(),
                             horizontalalignment=align,
                             verticalalignment=like.get_verticalalignment(),
+                            multialignment=getattr(like, "_multialignment", None),
+                            linespacing=getattr(like, "_linespacing", None),
                             rotation=like.get_rotation(), transform=IdentityTransform(),
                             parse_math=False))
     alpha_all = 255 - _canvas_rgb(fig)[..., 0].astype(np.uint16)  # black text: R = G = B
     used_rows = np.asarray(alpha_all.any(axis=1), dtype=bool)
     masks = []
-    for index, shift in enumerate(shifts):
+    for index, (shift_x, shift) in enumerate(shifts):
         band = alpha_all[index * strip:(index + 1) * strip]
         rows = np.flatnonzero(used_rows[index * strip:(index + 1) * strip])
         cols = np.flatnonzero(band[rows[0]:rows[-1] + 1].any(axis=0)) if len(rows) else rows
@@ -320,6 +322,56 @@ def _text_masks(texts: Sequence[str], anchor: tuple[float, float], like: Text, *
 
 
 @dataclass
+class _Slot:
+    """A text of the figure that changes from figure to figure (title, colour bar ticks)."""
+
+    like: Text  # a detached copy: font, alignment, rotation
+    anchor: tuple[float, float]  # display position
+    colour: np.ndarray  # uint8 RGB
+    wrap: float = 0.0  # wrap strings to this many inches (titles), 0: as given
+    suffix: str = ""  # added to every string (a grid's downsampling note)
+    stamps: dict[str, _Stamp] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, text: Text, wrap: float = 0.0) -> _Slot:
+        position = text.get_transform().transform(text.get_position())
+        like = Text(0, 0, "", fontproperties=text.get_fontproperties().copy(),
+                    horizontalalignment=text.get_horizontalalignment(),
+                    verticalalignment=text.get_verticalalignment(),
+                    multialignment=getattr(text, "_multialignment", None),
+                    linespacing=getattr(text, "_linespacing", None),
+                    rotation=text.get_rotation())
+        colour = np.round(np.array(to_rgb(text.get_color())) * 255).astype(np.uint8)
+        return cls(like, (float(position[0]), float(position[1])), colour, wrap)
+
+    def shown(self, string: str) -> str:
+        string += self.suffix
+        if not self.wrap:
+            return string
+        return heatmap.wrap_text(string, self.wrap, float(self.like.get_fontsize()))
+
+    def todo(self, strings: Iterable[str]) -> list[str]:
+        """The strings not drawn yet."""
+        return [s for s in dict.fromkeys(strings) if s and s not in self.stamps]
+
+
+def _prepare(work: Sequence[tuple[_Slot, Sequence[str]]], height: int, dpi: float) -> None:
+    """Draw the strings each slot has not drawn yet: short ones (colour bar labels) in one
+    matplotlib pass, long ones (titles) in another, so neither pays for the other's width."""
+    jobs = [(slot, slot.shown(string), string) for slot, strings in work
+            for string in slot.todo(strings)]
+    for short in (True, False):
+        batch = [job for job in jobs if (len(job[1]) <= 12) == short]
+        if not batch:
+            continue
+        with plain_text():
+            masks = _text_masks([(shown, slot.anchor, slot.like) for slot, shown, _ in batch],
+                                height=height, dpi=dpi)
+        for (slot, _, string), (top, left, alpha) in zip(batch, masks):
+            slot.stamps[string] = _Stamp(top, left, alpha)
+
+
+@dataclass
 class _Annotations:
     """Cell-value sprites for one box: ``"0.00"``..``"1.00"`` as alpha masks."""
 
@@ -331,11 +383,16 @@ class _Annotations:
     channels: np.ndarray  # [query * key * h * w * 3] flat byte index of each sprite pixel
     rect: tuple[int, int, int, int]  # union of every sprite's rectangle
     inside: bool  # every sprite lies inside the image box (repainted for each head anyway)
+    frac: tuple[float, float] = (0.0, 0.0)  # sub-pixel part of the cell centres
 
 
-def _annotation_sprites(strings: Sequence[str], fontsize: float,
-                        dpi: float) -> tuple[np.ndarray, int, int]:
-    """Alpha sprites ``[n, h, w]`` uint8 of ``strings`` drawn centred, and the centre pixel."""
+def _annotation_sprites(strings: Sequence[str], fontsize: float, dpi: float,
+                        frac: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, int, int]:
+    """Alpha sprites ``[n, h, w]`` uint8 of ``strings`` drawn centred, and the centre pixel.
+
+    ``frac`` is the sub-pixel part of the real cell centres (display x, y): the sprites are
+    drawn with the same, so Agg places the glyphs as it does in the figure.
+    """
     size_px = fontsize * dpi / 72.0
     cell_w = int(np.ceil(size_px * 6)) + 4
     cell_h = int(np.ceil(size_px * 3)) + 4
@@ -346,7 +403,8 @@ def _annotation_sprites(strings: Sequence[str], fontsize: float,
     fig.patch.set_facecolor("white")
     for index, string in enumerate(strings):
         r, c = divmod(index, per_row)
-        fig.add_artist(Text(c * cell_w + cell_w // 2, height - (r * cell_h + cell_h // 2), string,
+        fig.add_artist(Text(c * cell_w + cell_w // 2 + frac[0],
+                            height - (r * cell_h + cell_h // 2) + frac[1], string,
                             fontsize=fontsize, color="black", ha="center", va="center",
                             transform=IdentityTransform(), parse_math=False))
     alpha = 255 - _canvas_rgb(fig)[..., 0].astype(np.uint16)  # black text: R = G = B
@@ -363,48 +421,38 @@ def _annotation_sprites(strings: Sequence[str], fontsize: float,
             centre_col - c0)
 
 
+
 def annotation_fontsize(num_tokens: int) -> float:
-    """Font size of cell values in ``draw_head`` (shrinks as tokens are added)."""
-    return max(5.0, 9.0 - num_tokens / 6)
+    """Font size of cell values in ``draw_head`` (the same for every size: legible or none)."""
+    return heatmap.ANNOT_PT
 
 
 # --------------------------------------------------------------------------- templates
-def _freeze_layout(fig: Figure, dpi: float) -> None:
-    """Lay the figure out at ``dpi`` with its real title, then keep that layout.
-
-    A layout engine (constrained layout) would re-run at every draw and move the axes once
-    the title is blanked for the frame.
-    """
-    fig.set_dpi(dpi)
-    engine = fig.get_layout_engine()
-    if engine is not None and type(engine).__name__ != "PlaceHolderLayoutEngine":
-        fig.draw_without_rendering()
-        fig.set_layout_engine("none")
-
-
 @dataclass
 class FrameTemplate:
     """A figure drawn once without its images; :meth:`compose` paints one figure's data in.
 
     Attributes:
-        frame: ``[height, width, 3]`` uint8 pixels of the figure without images or title.
+        frame: ``[height, width, 3]`` uint8 pixels of the figure without images or changing
+            texts (over white).
         boxes: the image boxes, in the order :meth:`compose` takes matrices.
         colours: the colour map's lookup tables.
         dpi: resolution the frame was drawn at.
+        scale: the colour scale; an ``auto`` top follows each figure's data.
     """
 
     frame: np.ndarray
     boxes: list[_Box]
     colours: ColourTable
     dpi: float
+    scale: ColourScale = field(default_factory=ColourScale)
     extents: list[tuple[float, float, float, float]] = field(default_factory=list)
     uses_tokens: bool = True
     strings: frozenset[str] = frozenset()
-    title_like: Text | None = None
-    title_anchor: tuple[float, float] = (0.0, 0.0)
-    title_colour: np.ndarray = field(default_factory=lambda: np.zeros(3, np.uint8))
+    title: _Slot | None = None
+    ticks: list[_Slot] = field(default_factory=list)
     annotations: _Annotations | None = None
-    _titles: dict[str, _Stamp] = field(default_factory=dict)
+    black: np.ndarray | None = None  # the frame over black images, when not all overlays are
     _buffer: np.ndarray | None = None
     _dirty: list[tuple[int, int, int, int]] = field(default_factory=list)
     _writer: PngWriter | None = None
@@ -417,25 +465,33 @@ class FrameTemplate:
     def for_tokens(self, num_tokens: int) -> FrameTemplate:
         """The same frame for ``[num_tokens, num_tokens]`` matrices (grids without labels).
 
-        Shares the frame and the drawn titles; has its own pixel buffer.
+        Shares the frame and the drawn texts; has its own pixel buffer.
         """
         if not self.extents or self.annotations is not None:
             raise ValueError("only grid templates can be reused for another token count")
-        boxes = [_box_from_extent(extent, self.frame, num_tokens, num_tokens)
+        boxes = [_box_from_extent(extent, self.frame, num_tokens, num_tokens, self.black)
                  for extent in self.extents]
         return dataclasses.replace(self, boxes=boxes, _buffer=None, _dirty=[], _writer=None)
 
     def prepare_titles(self, titles: Sequence[str]) -> None:
         """Draw the given titles now, in one matplotlib pass (later ones are drawn on demand)."""
-        todo = [t for t in dict.fromkeys(titles) if t not in self._titles]
-        if not todo or self.title_like is None:
-            return
-        height = self.frame.shape[0]
-        with plain_text():
-            masks = _text_masks(todo, self.title_anchor, self.title_like, height=height,
-                                dpi=self.dpi)
-        for string, (top, left, alpha) in zip(todo, masks):
-            self._titles[string] = _Stamp(top, left, alpha)
+        self.prepare(titles)
+
+    def prepare_scales(self, figures: Iterable[Sequence[np.ndarray]]) -> None:
+        """Draw the colour bar labels of these figures' data now, in one matplotlib pass."""
+        self.prepare((), figures)
+
+    def prepare(self, titles: Sequence[str] = (),
+                figures: Iterable[Sequence[np.ndarray]] = ()) -> None:
+        """Draw these titles and the colour bar labels of these figures (each a sequence of
+        ``[query, key]`` matrices) now, in one matplotlib pass; others are drawn on demand."""
+        labels = [self.scale.resolve(list(matrices)).tick_labels() for matrices in figures]
+        work: list[tuple[_Slot, Sequence[str]]] = []
+        if self.title is not None and titles:
+            work.append((self.title, titles))
+        for number, slot in enumerate(self.ticks):
+            work.append((slot, [row[number] for row in labels if number < len(row)]))
+        _prepare(work, self.frame.shape[0], self.dpi)
 
     def compose(self, matrices: Sequence[np.ndarray], title: str = "") -> np.ndarray:
         """Pixels of the figure showing ``matrices`` (one ``[query, key]`` per box).
@@ -447,22 +503,18 @@ class FrameTemplate:
         if self._buffer is None:
             self._buffer = self.frame.copy()
         out = self._buffer
-        for top, left, bottom, right in self._dirty:  # undo the last title and sprites
+        for top, left, bottom, right in self._dirty:  # undo the last texts and sprites
             out[top:bottom, left:right] = self.frame[top:bottom, left:right]
         self._dirty = []
-        for box, matrix in zip(self.boxes, matrices):
-            self._paint(out, box, matrix)
-        if title:
-            if title not in self._titles:
-                self.prepare_titles([title])
-            stamp = self._titles.get(title)
-            if stamp is not None and stamp.alpha.size:
-                top, left, bottom, right = self._clip(stamp.rect)
-                if bottom > top and right > left:
-                    alpha = stamp.alpha[top - stamp.top:bottom - stamp.top,
-                                        left - stamp.left:right - stamp.left]
-                    _blend(out[top:bottom, left:right], alpha, self.title_colour)
-                    self._dirty.append((top, left, bottom, right))
+        arrays = [np.asarray(m, dtype=np.float32) for m in matrices]
+        resolved = self.scale.resolve(arrays)
+        for box, matrix in zip(self.boxes, arrays):
+            self._paint(out, box, matrix, resolved)
+        height = self.frame.shape[0]
+        for slot, text in zip(self.ticks, resolved.tick_labels()):
+            self._stamp(out, slot, text, height)
+        if title and self.title is not None:
+            self._stamp(out, self.title, title, height)
         return out
 
     def png(self, matrices: Sequence[np.ndarray], title: str = "") -> bytes:
@@ -472,25 +524,38 @@ class FrameTemplate:
             self._writer = PngWriter(image.shape[0], image.shape[1], self.dpi)
         return self._writer.encode(image)
 
+    def _stamp(self, out: np.ndarray, slot: _Slot, text: str, height: int) -> None:
+        if text not in slot.stamps:
+            _prepare([(slot, [text])], height, self.dpi)
+        stamp = slot.stamps.get(text)
+        if stamp is None or not stamp.alpha.size:
+            return
+        top, left, bottom, right = self._clip(stamp.rect)
+        if bottom > top and right > left:
+            alpha = stamp.alpha[top - stamp.top:bottom - stamp.top,
+                                left - stamp.left:right - stamp.left]
+            _blend(out[top:bottom, left:right], alpha, slot.colour)
+            self._dirty.append((top, left, bottom, right))
+
     def _clip(self, rect: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
         height, width = self.frame.shape[:2]
         top, left, bottom, right = rect
         return max(top, 0), max(left, 0), min(bottom, height), min(right, width)
 
-    def _paint(self, out: np.ndarray, box: _Box, matrix: np.ndarray) -> None:
-        matrix = np.asarray(matrix)
+    def _paint(self, out: np.ndarray, box: _Box, matrix: np.ndarray,
+               resolved: heatmap.ResolvedScale) -> None:
         if matrix.shape != (box.num_query, box.num_key):
             raise ValueError(f"matrix has shape {matrix.shape}, the figure was drawn for "
                              f"{(box.num_query, box.num_key)}")
-        bins = self.colours.bins(matrix)
-        lines = self.colours.rgb[bins[:, box.col_index]]  # [query, box width, 3]
+        rgb, bins = resolved.colours(matrix, self.colours)
+        lines = rgb[:, box.col_index]  # [query, box width, 3]
         region = out[box.top:box.bottom, box.left:box.right]
-        for query, start, end in box.row_runs:
-            region[start:end] = lines[query]
-        if len(box.ring_rows):  # spines are black lines over the image: multiply them back in
-            spots = region[box.ring_rows, box.ring_cols].astype(np.uint16)
-            region[box.ring_rows, box.ring_cols] = ((spots * box.ring_frame + 127)
-                                                    // 255).astype(np.uint8)
+        np.take(lines, box.row_index, axis=0, out=region, mode="clip")  # the nearest upscale
+        if len(box.ring_rows):  # what the frame draws over the image: composite it back
+            spots = region[box.ring_rows, box.ring_cols].astype(np.int32)
+            mixed = (box.ring_black.astype(np.int32) * 255
+                     + (box.ring_white.astype(np.int32) - box.ring_black) * spots + 127) // 255
+            region[box.ring_rows, box.ring_cols] = np.clip(mixed, 0, 255).astype(np.uint8)
         notes = self.annotations
         if notes is not None:
             values = [f"{v:.2f}" for v in matrix.ravel().tolist()]
@@ -504,8 +569,8 @@ class FrameTemplate:
             # Row of the blend table: (text colour, alpha); the channel value picks the column.
             rows = ((light[:, :, None, None] << 16) | (alpha << 8)).reshape(-1, 1)
             channels = out.reshape(-1)  # the buffer is contiguous: a view
-            values = channels[notes.channels].reshape(-1, 3)
-            channels[notes.channels] = _BLEND.take((rows + values).ravel())
+            values_now = channels[notes.channels].reshape(-1, 3)
+            channels[notes.channels] = _BLEND.take((rows + values_now).ravel())
             if not notes.inside:  # glyphs reach past the box: undo them before the next head
                 self._dirty.append(notes.rect)
 
@@ -513,7 +578,8 @@ class FrameTemplate:
         notes = self.annotations
         assert notes is not None  # only called when annotating
         with plain_text():
-            sprites, row, col = _annotation_sprites(strings, notes.fontsize, self.dpi)
+            sprites, row, col = _annotation_sprites(strings, notes.fontsize, self.dpi,
+                                                    notes.frac)
         h, w = notes.sprites.shape[1:]
         canvas = np.zeros((len(strings), h, w), dtype=np.uint8)
         # Align the new sprites' centres with the existing ones; crop what does not fit.
@@ -531,23 +597,28 @@ class FrameTemplate:
             notes.index[string] = start + offset
 
 
-_SPRITES: dict[tuple[float, float], tuple[np.ndarray, int, int]] = {}
+_SPRITES: dict[tuple[float, float, float, float], tuple[np.ndarray, int, int]] = {}
 
 
-def _with_annotations(template: FrameTemplate, num_tokens: int) -> None:
+def _with_annotations(template: FrameTemplate) -> None:
     box = template.boxes[0]
-    fontsize = annotation_fontsize(num_tokens)
+    fontsize = heatmap.ANNOT_PT
     strings = [f"{i / 100:.2f}" for i in range(101)]
-    key = (fontsize, float(template.dpi))
+    # Whole cells of whole pixels share the sub-pixel part of their centres: draw with it.
+    frac = (round(float(box.centre_x[0] % 1.0) * 8) / 8 % 1.0,
+            round(float(box.centre_y[0] % 1.0) * 8) / 8 % 1.0)
+    key = (fontsize, float(template.dpi), *frac)
     if key not in _SPRITES:  # the same for every text with this font size: draw once
         with plain_text():
-            _SPRITES[key] = _annotation_sprites(strings, fontsize, template.dpi)
+            _SPRITES[key] = _annotation_sprites(strings, fontsize, template.dpi, frac)
     sprites, anchor_row, anchor_col = _SPRITES[key]
     h, w = sprites.shape[1:]
     height, width = template.frame.shape[:2]
-    rows = (box.cell_rows[:, None, None, None] - anchor_row
+    text_rows = (height - np.floor(box.centre_y - frac[1] + 0.5)).astype(np.intp)
+    text_cols = np.floor(box.centre_x - frac[0] + 0.5).astype(np.intp)
+    rows = (text_rows[:, None, None, None] - anchor_row
             + np.arange(h)[None, None, :, None])  # [query, 1, h, 1]
-    cols = (box.cell_cols[None, :, None, None] - anchor_col
+    cols = (text_cols[None, :, None, None] - anchor_col
             + np.arange(w)[None, None, None, :])  # [1, key, 1, w]
     rows = np.clip(rows, 0, height - 1)
     cols = np.clip(cols, 0, width - 1)
@@ -558,18 +629,7 @@ def _with_annotations(template: FrameTemplate, num_tokens: int) -> None:
               and rect[3] <= box.right)
     template.annotations = _Annotations(
         fontsize, anchor_row, anchor_col, sprites.copy(), {s: i for i, s in enumerate(strings)},
-        channels, rect, inside)
-
-
-def _title_setup(template: FrameTemplate, title: Text) -> None:
-    title_pos = title.get_transform().transform(title.get_position())
-    # A detached copy: the figure's own Text would keep the whole figure alive.
-    template.title_like = Text(0, 0, "", fontproperties=title.get_fontproperties().copy(),
-                               horizontalalignment=title.get_horizontalalignment(),
-                               verticalalignment=title.get_verticalalignment(),
-                               rotation=title.get_rotation())
-    template.title_anchor = (float(title_pos[0]), float(title_pos[1]))
-    template.title_colour = np.round(np.array(to_rgb(title.get_color())) * 255).astype(np.uint8)
+        channels, rect, inside, frac)
 
 
 def _figure_strings(fig: Figure) -> Iterator[str]:
@@ -579,9 +639,22 @@ def _figure_strings(fig: Figure) -> Iterator[str]:
             yield text.get_text()
 
 
+def _layout_title(titles: Sequence[str], width: float, size: float, fallback: str) -> str:
+    """The title a frame is laid out with: the one that wraps to the most lines."""
+    if not titles:
+        return fallback
+    return max(titles, key=lambda t: (heatmap.title_lines(t, width, size), len(t)))
+
+
+def _scale_of(scale: ColourScale | None) -> ColourScale:
+    return scale if scale is not None else ColourScale()
+
+
 def head_template(rows: Sequence[str], cols: Sequence[str], *, cmap: str = "viridis",
                   dpi: float = heatmap.DEFAULT_DPI, annot: bool | None = None,
-                  titles: Sequence[str] = ()) -> FrameTemplate:
+                  titles: Sequence[str] = (), scale: ColourScale | None = None,
+                  row_divider: int | None = None, col_divider: int | None = None,
+                  figures: Iterable[Sequence[np.ndarray]] = ()) -> FrameTemplate:
     """The frame of :func:`~attnviz.render.heatmap.draw_head` for these token labels.
 
     Args:
@@ -591,118 +664,139 @@ def head_template(rows: Sequence[str], cols: Sequence[str], *, cmap: str = "viri
         dpi: resolution; the image is ``head_figure_size(...) * dpi`` pixels, like
             ``attnviz heatmap --dpi``.
         annot: write cell values; ``None`` means "at most 30 tokens", as in ``draw_head``.
-        titles: titles to pre-render (the layout is made with the longest one).
+        titles: titles to pre-render (the layout is made for the one with the most lines).
+        scale: the colour scale (default: :class:`~attnviz.render.heatmap.ColourScale`).
+        row_divider, col_divider: a sentence pair's divider, as in ``draw_head``.
+        figures: data of figures to come (each a ``[matrix]``): their colour bar labels are
+            drawn with the titles, in one pass.
     """
     num_query, num_key = len(rows), len(cols)
-    if annot is None:
-        annot = max(num_query, num_key) <= heatmap.ANNOT_MAX_TOKENS
-    layout_title = max(titles, key=len) if titles else "layer 0, head 0"
+    colour_scale = _scale_of(scale)
+    probe = heatmap.head_layout(num_query, num_key, annot=annot, dpi=dpi)
+    layout_title = _layout_title(titles, probe.title_width, heatmap.TITLE_PT, "layer 0, head 0")
+    lines = heatmap.title_lines(layout_title, probe.title_width)
+    dividers = row_divider is not None or col_divider is not None
     with plain_text():
-        fig = heatmap.draw_head(np.zeros((num_query, num_key), np.float32), list(rows),
-                                list(cols), title=layout_title, cmap=cmap, annot=False)
-        _freeze_layout(fig, dpi)
-        ax = fig.axes[0]
-        ax.images[0].set_visible(False)
-        ax.title.set_text("")
-        frame = _canvas_rgb(fig)
-        box = _box_from_extent(_extent(ax.get_window_extent()), frame, num_query, num_key)
-    template = FrameTemplate(frame, [box], colour_table(cmap), dpi)
-    _title_setup(template, ax.title)
-    if annot:
-        _with_annotations(template, max(num_query, num_key))
-    template.prepare_titles(titles)
+        art = heatmap.draw_head_artists(
+            np.zeros((num_query, num_key), np.float32), list(rows), list(cols),
+            title=layout_title, cmap=cmap, annot=annot, scale=colour_scale, dpi=dpi,
+            row_divider=row_divider, col_divider=col_divider, title_lines_hint=lines,
+            write_values=False)
+        title = _Slot.of(art.title, wrap=art.title_width)
+        ticks = [_Slot.of(text) for text in art.ticks]
+        art.image.set_visible(False)
+        for text in [art.title, *art.ticks]:
+            text.set_text("")
+        frame = _canvas_rgb(art.fig)
+        black = None
+        if dividers:
+            art.image.set_data(np.zeros((num_query, num_key, 3), np.uint8))
+            art.image.set_visible(True)
+            black = _canvas_rgb(art.fig)
+        box = _box_from_extent(_extent(art.ax.get_window_extent()), frame, num_query, num_key,
+                               black)
+    template = FrameTemplate(frame, [box], colour_table(cmap), dpi, colour_scale, title=title,
+                             ticks=ticks, black=black)
+    if art.annot:
+        _with_annotations(template)
+    template.prepare(titles, figures)
     return template
 
 
 def grid_template(num_rows: int, num_cols: int, num_tokens: int, row_labels: Sequence[str],
                   col_labels: Sequence[str], *, tokens: Sequence[str] | None = None,
                   cmap: str = "viridis", dpi: float = heatmap.DEFAULT_DPI,
-                  titles: Sequence[str] = ()) -> FrameTemplate:
-    """The frame of :func:`~attnviz.render.heatmap.draw_grid` for ``[rows, cols, T, T]`` data.
+                  titles: Sequence[str] = (), scale: ColourScale | None = None,
+                  num_keys: int | None = None, key_tokens: Sequence[str] | None = None,
+                  row_divider: int | None = None, col_divider: int | None = None,
+                  figures: Iterable[Sequence[np.ndarray]] = ()) -> FrameTemplate:
+    """The frame of :func:`~attnviz.render.heatmap.draw_grid` for ``[rows, cols, T, T]`` data
+    (``[rows, cols, num_tokens, num_keys]`` with a window).
 
     :meth:`FrameTemplate.compose` then takes the matrices in row-major order
     (``matrices[r, c]`` for ``r`` in rows, ``c`` in columns).
     """
-    count = num_rows * num_cols
-    codes = ((np.arange(count, dtype=np.float32) + 1) / (count + 1)).reshape(num_rows, num_cols)
-    data = np.broadcast_to(codes[:, :, None, None],
-                           (num_rows, num_cols, num_tokens, num_tokens)).astype(np.float32)
-    layout_title = max(titles, key=len) if titles else "overview"
+    num_keys = num_tokens if num_keys is None else num_keys
+    colour_scale = _scale_of(scale)
+    data = np.zeros((num_rows, num_cols, num_tokens, num_keys), np.float32)
+    probe = heatmap.grid_layout(num_rows, num_cols, num_tokens, num_keys, dpi=dpi,
+                                row_labels=row_labels)
+    layout_title = _layout_title(titles, probe.title_width, heatmap.GRID_TITLE_PT, "overview")
     with plain_text():
-        fig = heatmap.draw_grid(data, list(row_labels), list(col_labels), title=layout_title,
-                                cmap=cmap, tokens=list(tokens) if tokens is not None else None)
-        _freeze_layout(fig, dpi)
-        title = next((t for t in fig.texts if t.get_text() == layout_title), None)
-        if title is not None:
-            title.set_text("")
-        placed: dict[int, object] = {}
-        images = []
-        for ax in fig.axes:
-            for image in ax.images:
-                code = int(round(float(np.asarray(image.get_array())[0, 0]) * (count + 1))) - 1
-                placed[code] = ax
-                images.append(image)
-        for image in images:
+        art = heatmap.draw_grid_artists(
+            data, list(row_labels), list(col_labels), title=layout_title, cmap=cmap,
+            tokens=list(tokens) if tokens is not None else None,
+            key_tokens=list(key_tokens) if key_tokens is not None else None,
+            scale=colour_scale, dpi=dpi, row_divider=row_divider, col_divider=col_divider)
+        note = art.layout.note
+        title = _Slot.of(art.title, wrap=art.layout.title_width)
+        ticks = [_Slot.of(text) for text in art.ticks]
+        extents = [_extent(image.get_window_extent()) for image in art.images]
+        for image in art.images:
             image.set_visible(False)
-        frame = _canvas_rgb(fig)
-        if sorted(placed) != list(range(count)):
-            raise RuntimeError("draw_grid did not draw one image per matrix")
-        extents = [_extent(placed[i].get_window_extent())  # type: ignore[attr-defined]
-                   for i in range(count)]
-        strings = frozenset(_figure_strings(fig))
+        for text in [art.title, *art.ticks]:
+            text.set_text("")
+        frame = _canvas_rgb(art.fig)
+        black = None
+        if row_divider is not None or col_divider is not None:
+            for image in art.images:
+                image.set_data(np.zeros((num_tokens, num_keys, 3), np.uint8))
+                image.set_visible(True)
+            black = _canvas_rgb(art.fig)
+        strings = frozenset(_figure_strings(art.fig))
         # A token that merely equals another label only costs a missed reuse.
-        uses_tokens = tokens is not None and any(token in strings for token in tokens)
-    boxes = [_box_from_extent(extent, frame, num_tokens, num_tokens) for extent in extents]
-    template = FrameTemplate(frame, boxes, colour_table(cmap), dpi, extents=extents,
-                             uses_tokens=uses_tokens, strings=strings)
-    if title is not None:
-        _title_setup(template, title)
-    template.prepare_titles(titles)
+        uses_tokens = any(token in strings for token in [*(tokens or []), *(key_tokens or [])])
+    if note:
+        title.suffix = f"\n{note}"
+    boxes = [_box_from_extent(extent, frame, num_tokens, num_keys, black) for extent in extents]
+    template = FrameTemplate(frame, boxes, colour_table(cmap), dpi, colour_scale,
+                             extents=extents, uses_tokens=uses_tokens, strings=strings,
+                             title=title, ticks=ticks, black=black)
+    template.prepare(titles, figures)
     return template
 
 
 # --------------------------------------------------------------------------- vector formats
-_METADATA: dict[str, dict[str, str | None]] = {
-    "png": {"Software": "attnviz"},
-    "svg": {"Date": None, "Creator": "attnviz"},
-    "pdf": {"CreationDate": None, "ModDate": None, "Creator": "attnviz"},
-}
-
-
-def figure_bytes(fig: Figure, fmt: str, dpi: float) -> bytes:
-    """``fig`` saved as ``fmt`` (png, svg or pdf) without dates, so output is reproducible."""
-    buffer = io.BytesIO()
-    with plain_text():
-        fig.savefig(buffer, format=fmt, dpi=dpi, metadata=_METADATA[fmt])
-    return buffer.getvalue()
-
-
 class HeadFigure:
     """One :func:`~attnviz.render.heatmap.draw_head` figure reused for every head of a text.
 
-    For SVG and PDF, which need matplotlib's own drawing: only the image data, the title and
-    the cell values change between heads, so the figure is built (and laid out) once.
+    For SVG and PDF, which need matplotlib's own drawing: only the image, the title, the
+    colour bar's tick labels and the cell values change between heads, so the figure is built
+    (and laid out) once.
     """
 
     def __init__(self, rows: Sequence[str], cols: Sequence[str], *, cmap: str = "viridis",
-                 annot: bool | None = None, title: str = "") -> None:
+                 annot: bool | None = None, title: str = "", scale: ColourScale | None = None,
+                 dpi: float = heatmap.DEFAULT_DPI, row_divider: int | None = None,
+                 col_divider: int | None = None, titles: Sequence[str] = ()) -> None:
+        self.scale = _scale_of(scale)
+        probe = heatmap.head_layout(len(rows), len(cols), annot=annot, dpi=dpi)
+        layout_title = _layout_title([title, *titles], probe.title_width, heatmap.TITLE_PT,
+                                     title)
         with plain_text():
-            self.fig = heatmap.draw_head(np.zeros((len(rows), len(cols)), np.float32),
-                                         list(rows), list(cols), title=title, cmap=cmap,
-                                         annot=annot)
-        self.ax = self.fig.axes[0]
-        self.image = self.ax.images[0]
-        self.cells = list(self.ax.texts)  # the cell values, in np.ndenumerate order
+            self.art = heatmap.draw_head_artists(
+                np.zeros((len(rows), len(cols)), np.float32), list(rows), list(cols),
+                title=layout_title, cmap=cmap, annot=annot, scale=self.scale, dpi=dpi,
+                row_divider=row_divider, col_divider=col_divider,
+                title_lines_hint=heatmap.title_lines(layout_title, probe.title_width))
+        self.fig = self.art.fig
+        self.ax = self.art.ax
+        self.image = self.art.image
+        self.cells = self.art.cells  # the cell values, in np.ndenumerate order
         self.colours = colour_table(cmap)
 
     def render(self, matrix: np.ndarray, title: str, fmt: str, dpi: float) -> bytes:
         """The figure for one ``[query, key]`` matrix, saved as ``fmt``."""
-        self.image.set_data(np.asarray(matrix, dtype=np.float32))
-        self.ax.title.set_text(title)
+        matrix = np.asarray(matrix, dtype=np.float32)
+        resolved = self.scale.resolve(matrix)
+        rgb, bins = resolved.colours(matrix, self.colours)
+        self.image.set_data(rgb)
+        self.art.title.set_text(heatmap.wrap_text(title, self.art.title_width, heatmap.TITLE_PT))
+        for text, label in zip(self.art.ticks, resolved.tick_labels()):
+            text.set_text(label)
         if self.cells:
-            light = self.colours.light_text[self.colours.bins(matrix)].ravel().tolist()
-            for text, value, white in zip(self.cells, np.asarray(matrix).ravel().tolist(),
-                                          light):
+            light = self.colours.light_text[bins].ravel().tolist()
+            for text, value, white in zip(self.cells, matrix.ravel().tolist(), light):
                 text.set_text(f"{value:.2f}")
                 text.set_color("white" if white else "black")
         return figure_bytes(self.fig, fmt, dpi)

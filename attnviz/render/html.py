@@ -216,8 +216,13 @@ def default_title(captures: Sequence[Capture]) -> str:
 
 def report_data(captures: Sequence[Capture], *, title: str | None = None,
                 precision: int = DEFAULT_PRECISION, top_k: int = DEFAULT_TOP_K,
-                words: bool = False, exclude_special: bool = False) -> dict[str, Any]:
-    """Everything the report's script reads, as a JSON-ready dict."""
+                words: bool = False, exclude_special: bool = False,
+                selection: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the report's script reads, as a JSON-ready dict.
+
+    ``selection`` opens the report on a view, layer and heads (``{"view": "heatmap",
+    "layer": 3, "heads": [7]}``, model indices); the address (``#...``) still overrides it.
+    """
     from attnviz import __version__
 
     if not captures:
@@ -231,15 +236,59 @@ def report_data(captures: Sequence[Capture], *, title: str | None = None,
         "generator": f"attnviz {__version__}",
         "title": title or default_title(captures),
         "top_k": int(top_k),
-        "initial": {"words": bool(words), "special": not exclude_special},
+        "initial": {"words": bool(words), "special": not exclude_special,
+                    **_initial_selection(selection)},
         "docs": [doc_data(capture, precision=precision) for capture in captures],
     }
+
+
+def _initial_selection(selection: dict[str, Any] | None) -> dict[str, Any]:
+    if not selection:
+        return {}
+    unknown = set(selection) - {"view", "layer", "heads"}
+    if unknown:
+        raise UsageError(f"unknown selection key(s): {', '.join(sorted(unknown))}",
+                         "a selection has view, layer and heads")
+    chosen: dict[str, Any] = {}
+    if selection.get("view") is not None:
+        chosen["view"] = str(selection["view"])
+    if selection.get("layer") is not None:
+        chosen["layer"] = int(selection["layer"])
+    if selection.get("heads") is not None:
+        chosen["heads"] = [int(h) for h in selection["heads"]]
+    return chosen
 
 
 # --------------------------------------------------------------------------- HTML
 def _asset(name: str) -> str:
     asset = resources.files("attnviz.render").joinpath("assets").joinpath(name)
     return asset.read_text(encoding="utf-8")
+
+
+def report_body(title: str = "", generator: str = "") -> str:
+    """The report's markup (``report_body.html``: controls, views, tooltip) for one mount.
+
+    The standalone report puts it in its ``<body>``; an embedded view puts it in a shadow root
+    and calls ``mount`` on it (see :func:`report_module`).
+    """
+    return Template(_asset("report_body.html")).substitute(
+        title=html.escape(title), generator=html.escape(generator))
+
+
+def report_module() -> str:
+    """``report.js`` as an ES module that exports ``mount(root, data, options)``.
+
+    ``root`` is a document or shadow root holding :func:`report_body` and the CSS of
+    :func:`report_style`; ``data`` is :func:`report_data`; the options are described at the
+    top of ``report.js``. The notebook widget and the live server use this; the standalone
+    report inlines ``report.js`` as a classic script instead.
+    """
+    return _asset("report.js") + "\nexport { attnvizMount as mount };\n"
+
+
+def report_style() -> str:
+    """The report's CSS (``report.css``); it styles a page and a shadow root alike."""
+    return _asset("report.css")
 
 
 def _sha256(text: str) -> str:
@@ -257,6 +306,7 @@ def render_html(data: dict[str, Any]) -> str:
     return Template(_asset("template.html")).substitute(
         title=html.escape(str(data["title"])),
         generator=html.escape(str(data["generator"])),
+        body=report_body(str(data["title"]), str(data["generator"])),
         csp=csp,
         style=style,
         data=script_json(data),
@@ -266,7 +316,8 @@ def render_html(data: dict[str, Any]) -> str:
 
 def build_report(captures: Sequence[Capture], *, title: str | None = None,
                  precision: int = DEFAULT_PRECISION, top_k: int = DEFAULT_TOP_K,
-                 words: bool = False, exclude_special: bool = False) -> str:
+                 words: bool = False, exclude_special: bool = False,
+                 selection: dict[str, Any] | None = None) -> str:
     """The report for one or more captures, as an HTML string.
 
     Args:
@@ -276,9 +327,11 @@ def build_report(captures: Sequence[Capture], *, title: str | None = None,
         top_k: keys listed in the hover tooltip of the head view.
         words: open the report with the word-level toggle on.
         exclude_special: open the report with special tokens hidden.
+        selection: open on a view, layer and heads (see :func:`report_data`).
     """
     return render_html(report_data(captures, title=title, precision=precision, top_k=top_k,
-                                   words=words, exclude_special=exclude_special))
+                                   words=words, exclude_special=exclude_special,
+                                   selection=selection))
 
 
 def write_report(captures: Sequence[Capture], path: Path | str, *, title: str | None = None,

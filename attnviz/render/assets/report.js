@@ -1,11 +1,22 @@
-/* attnviz HTML report.
+/* attnviz report front end: the head view, model view, heatmap and head statistics.
  *
- * Reads the JSON in #attnviz-data and draws the head view, model view, heatmap and head
- * statistics on <canvas>. Every piece of text from the data (tokens, the input text, model
- * names) is inserted with textContent or drawn with fillText, never parsed as HTML.
- * The page makes no network request.
+ * One front end for every client. attnvizMount(root, data, options) draws report data (layout:
+ * attnviz/render/html.py) into `root`, which holds the markup of report_body.html:
+ *   - the standalone HTML report: this file is the page's inline script and mounts itself on
+ *     the page's document and the JSON in #attnviz-data (options.page: the selection lives in
+ *     the address, the arrow keys work on the whole page);
+ *   - the notebook widget and the live server: a shadow root per view, so element ids, styles
+ *     and state never meet another view on the same page (html.report_module() is this file
+ *     as an ES module exporting `mount`).
+ * Every element is looked up inside `root` and all state lives in the mount. Every piece of
+ * text from the data (tokens, the input text, model names) is inserted with textContent or
+ * drawn with fillText, never parsed as HTML. Nothing here makes a network request.
+ *
+ * options: page (bool), host (element whose width bounds the views), selection ({view, layer,
+ * heads, words, special, scale}, model indices) to open with, onChange(selection) called after
+ * every change of the selection. Returns {ready, selection(), set(selection), destroy()}.
  */
-(function () {
+function attnvizMount(root, DATA, options) {
   "use strict";
 
   // Viridis, 256 entries of RGB (matplotlib's colour map), as hex.
@@ -38,8 +49,10 @@
   const THUMB_MAX = 128; // model-view thumbnails: at most this many pixels a side
   const CACHE_LIMIT = 48; // matrices kept in memory
 
-  const byId = (id) => document.getElementById(id);
-  const DATA = JSON.parse(byId("attnviz-data").textContent);
+  const opts = options || {};
+  const page = !!opts.page;
+  const byId = (id) => root.getElementById(id);
+  const cleanups = [];
   const TOP_K = DATA.top_k || 5;
   const initial = DATA.initial || {};
 
@@ -58,7 +71,6 @@
   let hover = null; // head view: {side: "q" | "k", index}
   let heatLayout = null;
   let built = { head: "", model: "", stats: "" };
-  let stampedLoad = false;
 
   // ------------------------------------------------------------------ small helpers
   function el(tag, className, text) {
@@ -70,6 +82,22 @@
 
   function clamp(value, low, high) {
     return Math.max(low, Math.min(high, value));
+  }
+
+  // Listeners outside `root` (window, document) are removed again by destroy().
+  function listen(target, type, handler) {
+    target.addEventListener(type, handler);
+    cleanups.push(() => target.removeEventListener(type, handler));
+  }
+
+  // Room for the views: the window on a page of its own, the host element when embedded.
+  function roomWidth() {
+    const width = opts.host ? opts.host.clientWidth : 0;
+    return width > 0 ? width : window.innerWidth;
+  }
+
+  function roomHeight() {
+    return page ? window.innerHeight : Math.min(window.innerHeight, 720);
   }
 
   function headColour(modelHead) {
@@ -555,7 +583,7 @@
   }
 
   function modelCellSize() {
-    const available = Math.max(300, window.innerWidth - 120);
+    const available = Math.max(300, roomWidth() - 120);
     return clamp(Math.floor(available / current.H) - 8, 36, 110);
   }
 
@@ -659,7 +687,7 @@
       for (let i = 0; i < m.length; i++) if (m[i] > vmax) vmax = m[i];
       vmax = vmax || 1;
     }
-    const room = clamp(Math.min(window.innerWidth - 300, window.innerHeight * 1.2), 240, 1100);
+    const room = clamp(Math.min(roomWidth() - 300, roomHeight() * 1.2), 240, 1100);
     // Whole pixels per cell while they fit; past that, fractional cells fill the room.
     const cell = room / n >= 4 ? clamp(Math.floor(room / n), 4, 36) : room / n;
     const step = cell >= 9 ? 1 : Math.ceil(9 / cell);
@@ -891,7 +919,7 @@
     byId("words").checked = state.words && !!current.meta.words;
     byId("special").checked = state.special;
     byId("scale").value = state.scale;
-    for (const tab of document.querySelectorAll(".tabs button")) {
+    for (const tab of root.querySelectorAll(".tabs button")) {
       tab.setAttribute("aria-selected", String(tab.dataset.view === state.view));
     }
     for (const view of ["head", "model", "heatmap", "stats"]) byId("view-" + view).hidden = view !== state.view;
@@ -899,6 +927,7 @@
   }
 
   function writeHash() {
+    if (!page) return; // an embedded view keeps its selection in its owner (e.g. Python)
     const meta = current.meta;
     const hash = "#doc=" + state.doc + "&view=" + state.view + "&layer=" + meta.layers[state.layer] +
       "&heads=" + state.heads.map((h) => meta.heads[h]).join(",") + "&words=" + (state.words ? 1 : 0) +
@@ -920,6 +949,35 @@
       params[decodeURIComponent(part.slice(0, at))] = decodeURIComponent(part.slice(at + 1));
     }
     return params;
+  }
+
+  // The selection as the address writes it, from values that may be numbers, lists or booleans.
+  function asParams(values) {
+    const params = {};
+    for (const [key, value] of Object.entries(values || {})) {
+      if (value === null || value === undefined) continue;
+      if (Array.isArray(value)) params[key] = value.join(",");
+      else if (typeof value === "boolean") params[key] = value ? "1" : "0";
+      else params[key] = String(value);
+    }
+    return params;
+  }
+
+  // The selection in model indices: what an owner reads and sets.
+  function selection() {
+    const meta = current.meta;
+    return { doc: state.doc, view: state.view, layer: meta.layers[state.layer],
+      heads: state.heads.map((h) => meta.heads[h]), words: state.words, special: state.special,
+      scale: state.scale };
+  }
+
+  let notified = "";
+  function notify() {
+    const now = selection();
+    const key = JSON.stringify(now);
+    if (key === notified) return;
+    notified = key;
+    if (opts.onChange) opts.onChange(now);
   }
 
   // Apply what the address says to the state (unknown values are ignored).
@@ -946,6 +1004,7 @@
     syncControls();
     writeHash();
     hideTooltip();
+    notify();
     if (state.view === "head") {
       if (built.head !== layoutKey()) layoutHeadView();
       drawHeadView();
@@ -1046,11 +1105,11 @@
     byId("words").addEventListener("change", (e) => select({ words: e.target.checked }));
     byId("special").addEventListener("change", (e) => select({ special: e.target.checked }));
     byId("scale").addEventListener("change", (e) => select({ scale: e.target.value }));
-    for (const tab of document.querySelectorAll(".tabs button")) {
+    for (const tab of root.querySelectorAll(".tabs button")) {
       tab.addEventListener("click", () => select({ view: tab.dataset.view }));
     }
     byId("save-png").addEventListener("click", savePng);
-    const headView = document.querySelector(".headview");
+    const headView = root.querySelector(".headview");
     headView.addEventListener("mouseover", onHeadViewOver);
     headView.addEventListener("mouseleave", onHeadViewLeave);
     byId("mv-grid").addEventListener("click", (e) => {
@@ -1061,7 +1120,8 @@
     const heat = byId("hm-canvas");
     heat.addEventListener("mousemove", onHeatmapMove);
     heat.addEventListener("mouseleave", hideTooltip);
-    document.addEventListener("keydown", (e) => {
+    // The arrow keys: anywhere on a page of its own; inside the view (focused) when embedded.
+    listen(page ? document : root, "keydown", (e) => {
       if (!current || e.altKey || e.ctrlKey || e.metaKey) return;
       const tag = e.target && e.target.tagName;
       if (tag === "SELECT" || tag === "INPUT" || tag === "TEXTAREA") return;
@@ -1069,39 +1129,88 @@
         ArrowLeft: () => moveHead(-1), ArrowRight: () => moveHead(1) };
       if (!moves[e.key]) return;
       e.preventDefault();
+      if (!page) e.stopPropagation(); // not the notebook's own shortcuts as well
       moves[e.key]();
     });
-    window.addEventListener("hashchange", () => {
-      const params = parseHash();
-      const doc = Number(params.doc);
-      if (Number.isInteger(doc) && doc !== state.doc && doc >= 0 && doc < DATA.docs.length) {
-        showDoc(doc, params).catch(showError);
-      } else if (current) {
-        applyHash(params);
-        matrixCache.clear();
-        render();
-      }
-    });
+    if (page) {
+      listen(window, "hashchange", () => {
+        const params = parseHash();
+        const doc = Number(params.doc);
+        if (Number.isInteger(doc) && doc !== state.doc && doc >= 0 && doc < DATA.docs.length) {
+          showDoc(doc, params).catch(showError);
+        } else if (current) {
+          applyHash(params);
+          matrixCache.clear();
+          render();
+        }
+      });
+    }
     let resizeTimer = null;
-    window.addEventListener("resize", () => {
+    listen(window, "resize", () => {
       clearTimeout(resizeTimer);
       resizeTimer = setTimeout(() => { if (current) render(); }, 150);
     });
+    cleanups.push(() => clearTimeout(resizeTimer));
   }
 
   async function main() {
     wire();
-    const params = parseHash();
+    if (!page) {
+      byId("title").textContent = DATA.title || "";
+      byId("generator").textContent = DATA.generator || "";
+    }
+    // Data's initial selection, then the owner's, then the address.
+    const start = { view: initial.view, layer: initial.layer, heads: initial.heads };
+    const params = Object.assign(asParams(start), asParams(opts.selection), page ? parseHash() : {});
     const doc = Number(params.doc);
     await showDoc(Number.isInteger(doc) ? doc : 0, params);
-    if (!stampedLoad) {
-      stampedLoad = true;
-      // Stamp the load time once the first view has been painted.
-      await new Promise((resolve) => requestAnimationFrame(() => setTimeout(resolve, 0)));
+    // Stamp the load time once the first view has been painted.
+    await new Promise((resolve) => requestAnimationFrame(() => setTimeout(resolve, 0)));
+    if (page) {
       window.attnvizReport = { loadMs: performance.now(), state };
       document.documentElement.dataset.ready = "1";
+    } else if (opts.host) {
+      opts.host.dataset.ready = "1";
     }
   }
 
-  main().catch(showError);
-})();
+  // Change the selection from outside (model indices, as selection() gives them).
+  function set(change) {
+    if (!current) {
+      ready.then(() => set(change), () => {});
+      return;
+    }
+    const params = asParams(change);
+    const doc = Number(params.doc);
+    if (params.doc !== undefined && Number.isInteger(doc) && doc !== state.doc && doc >= 0 &&
+        doc < DATA.docs.length) {
+      showDoc(doc, params).catch(showError);
+      return;
+    }
+    const before = JSON.stringify(selection());
+    applyHash(params);
+    if (JSON.stringify(selection()) === before) return;
+    matrixCache.clear();
+    hover = null;
+    render();
+  }
+
+  const ready = main();
+  ready.catch(showError);
+  return {
+    ready,
+    selection: () => (current ? selection() : null),
+    set,
+    destroy() {
+      for (const undo of cleanups.splice(0)) undo();
+      hideTooltip();
+    },
+  };
+}
+
+// The standalone report: this file is the page's inline script, next to the page's data.
+if (typeof document !== "undefined" && document.currentScript &&
+    document.getElementById("attnviz-data")) {
+  attnvizMount(document, JSON.parse(document.getElementById("attnviz-data").textContent),
+    { page: true });
+}

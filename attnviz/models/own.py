@@ -1,0 +1,285 @@
+"""Capture from a model you already hold: a transformers model and its tokenizer, in memory.
+
+Notebook users usually have the model object already (fine-tuned, on a GPU, in bfloat16,
+perhaps modified). :func:`capture` takes it as it is, without reloading it and without
+changing it for good::
+
+    import attnviz
+    cap = attnviz.capture(model, tokenizer, "The cat sat on the mat")
+    attnviz.show(cap)
+
+The tokenisation, hooks and capture building are :class:`~attnviz.models.hf.HFSource`'s own;
+only loading is skipped. transformers 5 runs models with ``sdpa`` by default, and fused
+kernels never build the attention matrix, so for the call the model is switched to
+``eager`` attention (``model.set_attn_implementation``) and to eval mode, and both are put
+back exactly as they were afterwards, also when the capture fails. A model that cannot switch
+gets a clear error that says how to load it instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from attnviz.capture import Capture
+from attnviz.errors import ModelLoadError, UsageError
+from attnviz.models.hf import HFSource
+
+EAGER = "eager"
+_MISSING = object()
+
+# One lock per model object: a capture switches the model's attention implementation for the
+# duration of the call, so two threads must not capture from the same model at once.
+_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_for(model: Any) -> threading.Lock:
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(model)
+        if lock is None:
+            lock = _LOCKS[model] = threading.Lock()
+        return lock
+
+
+def _configs(model: Any) -> list[Any]:
+    """Every configuration object the model's attention code may read (no duplicates)."""
+    found: dict[int, Any] = {}
+    pending = [getattr(model, "config", None)]
+    modules = getattr(model, "modules", None)
+    if callable(modules):
+        pending += [getattr(module, "config", None) for module in modules()]
+    while pending:
+        config = pending.pop()
+        if config is None or id(config) in found or not hasattr(config, "_attn_implementation"):
+            continue
+        found[id(config)] = config
+        for key in getattr(config, "sub_configs", None) or ():
+            pending.append(getattr(config, key, None))
+    return list(found.values())
+
+
+def attention_implementation(model: Any) -> str | None:
+    """The attention implementation a transformers model runs with (``eager``, ``sdpa``...)."""
+    config = getattr(model, "config", None)
+    value = getattr(config, "_attn_implementation", None)
+    return None if value is None else str(value)
+
+
+@contextlib.contextmanager
+def eager_attention(model: Any) -> Iterator[str | None]:
+    """Run the block with the model on eager attention; restore every configuration after.
+
+    Yields:
+        The implementation the model had (``None`` when it did not say), so callers can
+        report it. Every configuration's stored implementation is put back as it was, in
+        ``finally``.
+
+    Raises:
+        ModelLoadError: the model runs with a fused kernel and refuses to switch.
+    """
+    before = attention_implementation(model)
+    configs = _configs(model)
+    saved = [(config, config.__dict__.get("_attn_implementation_internal", _MISSING))
+             for config in configs]
+    if all(getattr(config, "_attn_implementation", EAGER) in (EAGER, None)
+           for config in configs):
+        yield before
+        return
+    try:
+        _switch_to_eager(model)
+        yield before
+    finally:
+        for config, value in saved:
+            if value is _MISSING:
+                config.__dict__.pop("_attn_implementation_internal", None)
+            else:
+                config.__dict__["_attn_implementation_internal"] = value
+
+
+def _switch_to_eager(model: Any) -> None:
+    switch = getattr(model, "set_attn_implementation", None)
+    can_switch = getattr(model, "_can_set_attn_implementation", None)
+    if callable(switch) and (not callable(can_switch) or can_switch()):
+        try:
+            switch(EAGER)
+        except (ValueError, TypeError, AttributeError, ImportError) as exc:
+            raise _cannot_switch(model, str(exc)) from None
+        return
+    if callable(switch):  # the model says it cannot switch (its attention is not pluggable)
+        raise _cannot_switch(model, "it does not support setting its attention implementation")
+    # transformers before set_attn_implementation: the configuration attribute.
+    config = model.config
+    try:
+        config._attn_implementation = EAGER
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise _cannot_switch(model, str(exc)) from None
+
+
+def _cannot_switch(model: Any, why: str) -> ModelLoadError:
+    name = type(model).__name__
+    return ModelLoadError(
+        f"{name} runs with {attention_implementation(model)!r} attention, which never builds "
+        f"the attention weights, and it cannot switch to eager attention for the capture ({why})",
+        "load it with attn_implementation=\"eager\", e.g. "
+        "AutoModel.from_pretrained(name, attn_implementation=\"eager\"), or pass its "
+        "outputs.attentions to Capture.from_attentions(...)")
+
+
+@contextlib.contextmanager
+def eval_mode(model: Any) -> Iterator[bool]:
+    """Run the block in eval mode (no dropout); put every module's training flag back after.
+
+    Yields:
+        Whether any module was in training mode.
+    """
+    modules = list(model.modules()) if callable(getattr(model, "modules", None)) else []
+    flags = [(module, bool(module.training)) for module in modules]
+    training = any(flag for _, flag in flags)
+    if training:
+        model.eval()
+    try:
+        yield training
+    finally:
+        if training:
+            for module, flag in flags:
+                module.training = flag
+
+
+def _model_name(model: Any) -> str:
+    config = getattr(model, "config", None)
+    name = str(getattr(config, "_name_or_path", "") or "").strip()
+    return name or type(model).__name__
+
+
+class OwnModelSource(HFSource):
+    """An :class:`HFSource` around a model and tokenizer that are already loaded.
+
+    Nothing is loaded, moved or cast: inputs go to the device of the model's embeddings, and
+    the model keeps its dtype. Use :func:`capture` rather than this class: it also switches the
+    model to eager attention and eval mode for the call and back.
+
+    Args:
+        model: a transformers model (``AutoModel``, ``...ForCausalLM``, ...), any device/dtype.
+        tokenizer: its tokenizer.
+        name: the model's name in captures and figures; default ``config._name_or_path``.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, name: str | None = None) -> None:
+        import torch
+
+        _check_objects(model, tokenizer)
+        self.name = name or _model_name(model)
+        self.device_map = None
+        self.max_memory = None
+        self.offload_folder = None
+        self.fused_other_layers = True
+        self.revision = None
+        self.location = ""
+        self.is_local = False
+        self.tokenizer = tokenizer
+        self.dtype = getattr(model, "dtype", None) or torch.float32
+        self.owner = model
+        self._adopt(model, model.config, place=False)
+
+    def identity(self) -> dict[str, object]:
+        """An in-memory model has no files to fingerprint: its captures are never cached."""
+        return {"model": self.name, "object": id(self.owner), "dtype": str(self.dtype)}
+
+
+def _check_objects(model: Any, tokenizer: Any) -> None:
+    if not hasattr(model, "config") or not callable(model):
+        if hasattr(tokenizer, "config") and callable(getattr(model, "convert_ids_to_tokens",
+                                                             None)):
+            raise UsageError("the model and the tokenizer are swapped",
+                             "call attnviz.capture(model, tokenizer, text)")
+        raise UsageError(
+            f"attnviz.capture needs a transformers model, got {type(model).__name__}",
+            "for any other model, run it yourself and pass the attention weights to "
+            "Capture.from_attentions(attentions, tokens)")
+    if not callable(tokenizer) or not callable(getattr(tokenizer, "convert_ids_to_tokens", None)):
+        raise UsageError(f"attnviz.capture needs the model's tokenizer, got "
+                         f"{type(tokenizer).__name__}",
+                         "pass AutoTokenizer.from_pretrained(<the model's name>)")
+
+
+def _selection(value: str | int | Sequence[int] | None, size: int, what: str
+               ) -> list[int] | None:
+    from attnviz.selection import parse_selection, resolve_index
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_selection(value, size, what)
+    if isinstance(value, int):
+        return [resolve_index(value, size, what)]
+    return [resolve_index(int(i), size, what) for i in value]
+
+
+def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
+            layers: str | int | Sequence[int] | None = None,
+            heads: str | int | Sequence[int] | None = None,
+            max_tokens: int | None = None, truncate: bool = True,
+            name: str | None = None) -> Capture:
+    """Capture the attention of a model you already hold on ``text`` (and ``pair``).
+
+    The model is neither reloaded nor moved; for the call it runs with eager attention and in
+    eval mode, and both are restored afterwards (``capture.meta["attn_implementation"]`` says
+    what it ran with before). Captures of in-memory models are not cached: the model may
+    change between calls.
+
+    Args:
+        model: a transformers model on any device, in any dtype.
+        tokenizer: its tokenizer.
+        text: the input text; ``pair`` an optional second sentence.
+        layers: layers to keep, as ``"0,2-4"``, an int or a list of ints (``None``: all).
+        heads: heads to keep, likewise.
+        max_tokens: token limit; ``truncate`` whether to cut past it (with a warning in
+            ``capture.meta["warnings"]``) or raise :class:`~attnviz.errors.InputError`.
+        name: the model's name in the capture; default ``config._name_or_path``.
+
+    Returns:
+        The capture, weights ``[layer, head, query, key]`` in float32.
+
+    Raises:
+        UsageError: not a model and tokenizer, or a layer/head out of range.
+        InputError: the text is empty or too long (with ``truncate=False``).
+        ModelLoadError: the model cannot give attention weights (e.g. a fused kernel only).
+    """
+    from attnviz.session import check_text
+
+    check_text(text)
+    if pair is not None:
+        check_text(pair, "the pair text")
+    _check_objects(model, tokenizer)
+    with _lock_for(model), eager_attention(model) as before, eval_mode(model) as training:
+        source = OwnModelSource(model, tokenizer, name=name)
+        layer_list = _selection(layers, source.num_layers, "layer")
+        head_list = _selection(heads, source.num_heads, "head")
+        try:
+            result = source.capture(text, pair, layers=layer_list, heads=head_list,
+                                    max_tokens=max_tokens, truncate=truncate)
+        except ModelLoadError as error:
+            if before not in (None, EAGER):
+                raise ModelLoadError(
+                    f"{error.message} (the model runs with {before!r} attention and was "
+                    "switched to eager for the capture)",
+                    "load it with attn_implementation=\"eager\"") from None
+            raise
+    meta = result.meta
+    meta["source"] = "model object"
+    meta["attn_implementation"] = before or EAGER
+    if before not in (None, EAGER):
+        meta["attn_switch"] = f"ran with eager attention for the capture, then back to {before}"
+    if training:
+        meta.setdefault("warnings", []).append(
+            "the model was in training mode: captured in eval mode (no dropout), then switched "
+            "back to training mode")
+    return result
+
+
+__all__ = ["capture", "eager_attention", "eval_mode", "attention_implementation",
+           "OwnModelSource"]

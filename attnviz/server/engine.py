@@ -1,0 +1,773 @@
+"""What the live server does, without HTTP: checked requests, the served models, bounded queues,
+recent captures in memory and the JSON payloads of the API.
+
+Everything a request asks for is read through :class:`Fields`, which knows each field's type and
+bound and refuses fields it does not know, so no request can name a file, a folder or a model
+the server was not started with. The capture itself goes through a
+:class:`~attnviz.session.Session` (warm models, one forward at a time per model); the
+:class:`Engine` adds what a shared server needs on top: a bound on the requests waiting for
+each model, limits on text and tokens, and a small in-memory cache of recent captures so that
+the page's follow-up requests (top-k, a token's row, a download) do not run the model again.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import io
+import json
+import math
+import threading
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from attnviz.errors import AttnvizError, DeviceError, ModelLoadError, UsageError
+
+if TYPE_CHECKING:
+    from attnviz.capture import Capture
+    from attnviz.models import ModelSpec
+    from attnviz.models.toy import ToyConfig
+    from attnviz.session import Session
+
+#: Weight encodings a capture request can ask for: 8- or 16-bit quantised as in the HTML report
+#: (compact, what the page uses), or exact float32.
+WEIGHT_FORMATS = ("q8", "q16", "float32")
+TOPK_CSV_HEADER = ("query_index", "query", "rank", "key_index", "key", "weight")
+# The toy model's sizes a request may ask for (the CLI allows more; a shared server stays small).
+TOY_BOUNDS = {"d_model": 512, "heads": 32, "layers": 12}
+
+
+class ApiError(AttnvizError):
+    """A request the server cannot serve, with its HTTP status.
+
+    Attributes:
+        status: the HTTP status code (413, 422, 503, ...).
+        kind: the :mod:`attnviz.errors` class the CLI would raise for the same problem; the
+            ``--server`` client raises that class again, so exit codes match a local run.
+    """
+
+    def __init__(self, status: int, message: str, hint: str | None = None, *,
+                 kind: str = "UsageError") -> None:
+        super().__init__(message, hint)
+        self.status = status
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one request may ask of the server."""
+
+    max_body_bytes: int = 256 * 1024  # the request body, as sent
+    max_chars: int = 20_000  # characters of text plus pair
+    max_tokens: int = 512  # tokens per capture (the model's own limit applies as well)
+    queue: int = 8  # requests waiting for a model behind the one it is running
+    timeout_s: float = 60.0  # waiting plus running, before the request gets a 503
+    max_weights: int = 1 << 25  # weights in one response (72 heads x 512^2 is 18.9 M)
+    cache_mb: int = 256  # recent captures kept in memory
+    max_k: int = 100  # top-k keys per query
+
+    def check(self) -> None:
+        """Raise :class:`UsageError` for a bound that leaves nothing to serve."""
+        for name in ("max_body_bytes", "max_chars", "max_tokens", "max_weights", "max_k"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"the server's {name} must be at least 1")
+        if self.queue < 0:
+            raise UsageError(f"--queue must be 0 or more, got {self.queue}")
+        if not self.timeout_s > 0:
+            raise UsageError(f"--timeout must be more than 0 seconds, got {self.timeout_s}")
+        if self.cache_mb < 0:
+            raise UsageError(f"the capture cache size must be 0 or more, got {self.cache_mb}")
+
+    def public(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- request fields
+def json_type(value: Any) -> str:
+    """The JSON name of a value's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
+class Fields:
+    """Typed, bounded access to the fields of a JSON object; unknown fields are an error.
+
+    Every accessor names the field in its message, e.g. ``'layer' must be an integer such as 5
+    or -1, not a string``. Call :meth:`done` after reading to refuse fields nobody read.
+    """
+
+    def __init__(self, data: Any, what: str = "the request body") -> None:
+        if not isinstance(data, dict):
+            raise ApiError(422, f"{what} must be a JSON object, not {json_type(data)}",
+                           'send e.g. {"text": "The cat sat on the mat"}')
+        self.data: dict[str, Any] = data
+        self.what = what
+        self.read: set[str] = set()
+
+    def _get(self, name: str) -> Any:
+        self.read.add(name)
+        return self.data.get(name)
+
+    def has(self, name: str) -> bool:
+        return self.data.get(name) is not None
+
+    def text(self, name: str, *, required: bool = False, limit: int = 1000) -> str | None:
+        value = self._get(name)
+        if value is None:
+            if required:
+                raise ApiError(422, f"'{name}' is missing from {self.what}",
+                               f'send e.g. {{"{name}": "The cat sat on the mat"}}',
+                               kind="InputError")
+            return None
+        if not isinstance(value, str):
+            raise ApiError(422, f"'{name}' must be a string, not {json_type(value)}")
+        if len(value) > limit:
+            raise ApiError(413, f"'{name}' is {len(value):,} characters long; this server "
+                                f"takes at most {limit:,}",
+                           "send a shorter text, or start the server with a higher --max-chars",
+                           kind="InputError")
+        return value
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self._get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ApiError(422, f"'{name}' must be true or false, not {json_type(value)}")
+        return value
+
+    def integer(self, name: str, default: int | None, low: int, high: int) -> int | None:
+        value = self._get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ApiError(422, f"'{name}' must be an integer such as 5 or -1, not "
+                                f"{json_type(value)}")
+        if not low <= value <= high:
+            raise ApiError(422, f"'{name}' is {value}; it must be between {low} and {high}")
+        return value
+
+    def choice(self, name: str, options: Sequence[str], default: str) -> str:
+        value = self._get(name)
+        if value is None:
+            return default
+        if not isinstance(value, str) or value not in options:
+            shown = value if isinstance(value, str) else json_type(value)
+            raise ApiError(422, f"'{name}' must be one of {', '.join(options)}, not "
+                                f"{shown[:100]!r}")
+        return value
+
+    def selection(self, name: str) -> str | None:
+        """A layer or head selection: ``"0,2-4"``, ``"all"`` or a list of integers."""
+        value = self._get(name)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            if len(value) > 1000:
+                raise ApiError(413, f"'{name}' is longer than 1000 characters")
+            return value
+        if isinstance(value, list) and len(value) <= 4096 and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            if not value:
+                raise ApiError(422, f"'{name}' is an empty list", "leave it out to keep all")
+            return ",".join(str(v) for v in value)
+        raise ApiError(422, f"'{name}' must be a selection such as \"0,2-4\" or a list of "
+                            f"integers, not {json_type(value)}")
+
+    def integers(self, name: str, limit: int) -> list[int]:
+        """A required list of at most ``limit`` integers."""
+        value = self._get(name)
+        if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ApiError(422, f"'{name}' must be a list of integers, not {json_type(value)}")
+        if len(value) > limit:
+            raise ApiError(413, f"'{name}' holds {len(value)} items, more than {limit}")
+        return [int(v) for v in value]
+
+    def head(self, name: str) -> int | str | list[int]:
+        """A head index, ``"mean"`` (the mean of the layer's heads) or a list of heads (their
+        mean)."""
+        value = self._get(name)
+        if value is None:
+            raise ApiError(422, f"'{name}' is missing", f'send e.g. {{"{name}": 3}} or "mean"')
+        if isinstance(value, str) and value.strip().lower() == "mean":
+            return "mean"
+        if isinstance(value, list) and 0 < len(value) <= 4096 and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return [int(v) for v in value] if len(value) > 1 else int(value[0])
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ApiError(422, f"'{name}' must be a head index, \"mean\" or a list of heads, "
+                                f"not {json_type(value)}")
+        return value
+
+    def obj(self, name: str) -> Fields | None:
+        value = self._get(name)
+        if value is None:
+            return None
+        return Fields(value, f"'{name}'")
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self.read)
+        if unknown:
+            names = ", ".join(repr(n)[:60] for n in unknown[:5])
+            raise ApiError(422, f"unknown field(s) in {self.what}: {names}",
+                           f"the fields are {', '.join(sorted(self.read))}")
+
+
+# --------------------------------------------------------------------------- captures in memory
+class CaptureCache:
+    """Recent captures, least recently used out first, bounded by the bytes of their weights."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: collections.OrderedDict[tuple[Any, ...], Capture] = (
+            collections.OrderedDict())
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...]) -> Capture | None:
+        with self._lock:
+            capture = self._items.get(key)
+            if capture is not None:
+                self._items.move_to_end(key)
+            return capture
+
+    def put(self, key: tuple[Any, ...], capture: Capture) -> None:
+        size = int(capture.weights.nbytes)
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= int(old.weights.nbytes)
+            self._items[key] = capture
+            self._bytes += size
+            while self._bytes > self.max_bytes and self._items:
+                _, dropped = self._items.popitem(last=False)
+                self._bytes -= int(dropped.weights.nbytes)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@dataclass(frozen=True)
+class CaptureParams:
+    """A checked capture request."""
+
+    spec: ModelSpec
+    text: str
+    pair: str | None
+    layers: str | None
+    heads: str | None
+    max_tokens: int
+    truncate: bool
+
+    @property
+    def model_key(self) -> str:
+        from attnviz.session import spec_key
+
+        return spec_key(self.spec)
+
+    def cache_key(self) -> tuple[Any, ...]:
+        return (self.model_key, self.text, self.pair, self.layers, self.heads, self.max_tokens,
+                self.truncate)
+
+
+# --------------------------------------------------------------------------- the engine
+class Engine:
+    """The served models, their queues and the capture step, shared by every request.
+
+    Args:
+        models: the model names requests may use (``minilm``, ``toy``, a hub id or a folder
+            given when the server starts); the first is the default. Each loads on first use.
+        allow_any_model: also load any hub id or folder a request names.
+        limits: bounds on requests (:class:`Limits`).
+        session: the warm engine (default: a new one without the on-disk capture cache).
+        device: device of the models (``auto``, ``cpu``, ``cuda``...); dtype likewise.
+    """
+
+    def __init__(self, models: Sequence[str] = (), *, allow_any_model: bool = False,
+                 limits: Limits | None = None, session: Session | None = None,
+                 device: str = "auto", dtype: str = "float32") -> None:
+        from attnviz.models import default_model
+
+        names = [str(m).strip() for m in models if str(m).strip()] or [default_model()]
+        self.models = list(dict.fromkeys(names))
+        self.allow_any_model = allow_any_model
+        self.limits = limits or Limits()
+        self.limits.check()
+        if session is None:
+            from attnviz.session import Session
+
+            # Toy variants (causal, scale) are separate entries: leave room for them.
+            session = Session(use_cache=False, max_models=len(self.models) + 4)
+        self.session = session
+        self.device = device
+        self.dtype = dtype
+        self.captures = CaptureCache(self.limits.cache_mb << 20)
+        self.load_errors: dict[str, str] = {}
+        self._runners: dict[str, tuple[Any, Any, list[int], int | None]] = {}
+        self._pending: collections.Counter[str] = collections.Counter()
+        self._pending_lock = threading.Lock()
+        self.max_pending = max(4, 4 * (self.limits.queue + 1))  # all models together
+
+    # ------------------------------------------------------------------ models
+    def model_name(self, fields: Fields) -> str:
+        name = fields.text("model", limit=500)
+        if name is None:
+            return self.models[0]
+        if name in self.models:
+            return name
+        if self.allow_any_model and name.strip() and "\x00" not in name:
+            return name.strip()
+        raise ApiError(404, f"model {name!r} is not served here: this server has "
+                            f"{', '.join(self.models)}"[:400],
+                       "pick one of those, or start the server with --model NAME "
+                       "(or --allow-any-model)")
+
+    def toy_config(self, fields: Fields | None) -> ToyConfig:
+        from attnviz.models.toy import ToyConfig
+
+        if fields is None:
+            return ToyConfig()
+        default = ToyConfig()
+        values = {name: fields.integer(name, getattr(default, name), 1, bound)
+                  for name, bound in TOY_BOUNDS.items()}
+        seed = fields.integer("seed", default.seed, 0, 2**32 - 1)
+        causal = fields.flag("causal", default.causal)
+        scale = fields.flag("scale", default.scale)
+        fields.done()
+        return ToyConfig(d_model=int(values["d_model"] or 0), heads=int(values["heads"] or 0),
+                         layers=int(values["layers"] or 0), causal=causal, scale=scale,
+                         seed=int(seed or 0))
+
+    def spec(self, fields: Fields) -> ModelSpec:
+        """The model a request names (``model``, and ``toy`` options for the toy model)."""
+        from attnviz.models import TOY_MODEL, ModelSpec
+
+        name = self.model_name(fields)
+        toy_fields = fields.obj("toy")
+        if toy_fields is not None and name != TOY_MODEL:
+            raise ApiError(422, "'toy' options are for the toy model only",
+                           'leave them out, or send "model": "toy"')
+        toy = self.toy_config(toy_fields) if name == TOY_MODEL else None
+        return ModelSpec(name=name, device=self.device, dtype=self.dtype, toy=toy)
+
+    def describe(self, spec: ModelSpec) -> dict[str, Any]:
+        """Load the model (if it is not warm yet) and say what it is.
+
+        ``induction`` says how to run the induction test through :meth:`induction` (the number
+        of usable token ids, the prefix ids and the model's token limit), when it can run.
+        """
+        source = self._source(spec)
+        info = {"name": spec.name, "num_layers": int(source.num_layers),
+                "num_heads": int(source.num_heads), "toy": spec.toy is not None,
+                "identity": _plain(source.identity())}
+        try:
+            _, vocab, prefix, max_tokens = self._induction_runner(spec)
+        except UsageError:
+            return info
+        info["induction"] = {"vocab_size": int(len(vocab)), "prefix": [int(i) for i in prefix],
+                             "max_tokens": None if max_tokens is None else int(max_tokens)}
+        return info
+
+    def _induction_runner(self, spec: ModelSpec) -> tuple[Any, Any, list[int], int | None]:
+        from attnviz.analysis.induction import _runner
+        from attnviz.session import spec_key
+
+        key = spec_key(spec)
+        runner = self._runners.get(key)
+        if runner is None:
+            run, vocab, prefix, max_tokens = _runner(self._source(spec))
+            runner = self._runners[key] = (run, vocab, [int(i) for i in prefix], max_tokens)
+        return runner
+
+    def induction(self, spec: ModelSpec, ids: list[int]) -> Any:
+        """``[layer, head, T, T]`` of the model on its prefix ids followed by token *positions*
+        in its list of usable tokens (what :func:`attnviz.analysis.induction.induction_scores`
+        runs; the ``--server`` client draws the positions exactly as a local run draws ids)."""
+        run, vocab, prefix, max_tokens = self._induction_runner(spec)
+        count = len(prefix)
+        limit = min(self.limits.max_tokens, max_tokens or self.limits.max_tokens)
+        if len(ids) > limit:
+            raise ApiError(422, f"'ids' holds {len(ids)} tokens, more than {limit}")
+        if ids[:count] != prefix:
+            raise ApiError(422, f"'ids' must start with the model's prefix ids {prefix}")
+        positions = ids[count:]
+        if not positions or any(not 0 <= i < len(vocab) for i in positions):
+            raise ApiError(422, f"'ids' after the prefix must be positions 0..{len(vocab) - 1} "
+                                "in the model's usable tokens")
+        real = prefix + [int(vocab[i]) for i in positions]
+        # The session's per-model lock: one forward at a time on a model.
+        with self.session._forward_lock(spec):
+            return run(real)
+
+    def _source(self, spec: ModelSpec) -> Any:
+        try:
+            source = self.session.source(spec)
+        except (ModelLoadError, DeviceError) as error:
+            self.load_errors[spec.name] = error.message
+            raise
+        self.load_errors.pop(spec.name, None)
+        return source
+
+    def models_payload(self) -> dict[str, Any]:
+        """The served models: loaded or not, their size once loaded, the last load error."""
+        from attnviz.models import TOY_MODEL, ModelSpec
+
+        entries = []
+        for name in self.models:
+            spec = ModelSpec(name=name, device=self.device, dtype=self.dtype,
+                             toy=self.toy_config(None) if name == TOY_MODEL else None)
+            entry: dict[str, Any] = {"name": name, "toy": name == TOY_MODEL,
+                                     "loaded": self.session.is_loaded(spec)}
+            if entry["loaded"]:
+                source = self.session.source(spec)
+                entry.update(num_layers=int(source.num_layers), num_heads=int(source.num_heads))
+            if name in self.load_errors:
+                entry["error"] = self.load_errors[name]
+            entries.append(entry)
+        return {"models": entries, "default": self.models[0],
+                "allow_any_model": self.allow_any_model, "limits": self.limits.public()}
+
+    # ------------------------------------------------------------------ queue
+    def admit(self, key: str) -> Callable[[], None]:
+        """Take a place in the model's queue, or raise a 503 when it is full.
+
+        Returns the function that gives the place back (call it once the work has finished,
+        even when the client has stopped waiting).
+        """
+        with self._pending_lock:
+            waiting = self._pending[key]
+            if waiting >= self.limits.queue + 1 or sum(self._pending.values()) >= self.max_pending:
+                raise ApiError(503, f"the server is busy: {waiting} request(s) are already "
+                                    "running or waiting for this model",
+                               "try again in a moment (each model queues --queue "
+                               f"{self.limits.queue} requests)", kind="AttnvizError")
+            self._pending[key] += 1
+        released = threading.Event()
+
+        def release() -> None:
+            if released.is_set():
+                return
+            released.set()
+            with self._pending_lock:
+                self._pending[key] -= 1
+                if self._pending[key] <= 0:
+                    del self._pending[key]
+
+        return release
+
+    def pending(self) -> int:
+        with self._pending_lock:
+            return sum(self._pending.values())
+
+    # ------------------------------------------------------------------ captures
+    def capture_params(self, fields: Fields) -> CaptureParams:
+        """Read ``text``, ``pair``, ``model``, ``toy``, ``layers``, ``heads``, ``max_tokens``
+        and ``truncate`` from a request."""
+        limits = self.limits
+        text = fields.text("text", required=True, limit=limits.max_chars)
+        pair = fields.text("pair", limit=limits.max_chars)
+        assert text is not None  # required above
+        if len(text) + len(pair or "") > limits.max_chars:
+            raise ApiError(413, f"the text and pair are {len(text) + len(pair or ''):,} "
+                                f"characters long; this server takes at most "
+                                f"{limits.max_chars:,}",
+                           "send a shorter text, or start the server with a higher --max-chars",
+                           kind="InputError")
+        spec = self.spec(fields)
+        max_tokens = fields.integer("max_tokens", None, 1, 1 << 30)
+        if max_tokens is not None and max_tokens > limits.max_tokens:
+            raise ApiError(422, f"max_tokens {max_tokens} is above this server's limit of "
+                                f"{limits.max_tokens} tokens",
+                           f"ask for at most {limits.max_tokens}, or start the server with a "
+                           "higher --max-tokens")
+        return CaptureParams(spec=spec, text=text, pair=pair, layers=fields.selection("layers"),
+                             heads=fields.selection("heads"),
+                             max_tokens=max_tokens or limits.max_tokens,
+                             truncate=fields.flag("truncate", True))
+
+    def capture(self, params: CaptureParams) -> Capture:
+        """The capture a request asks for: from memory, else from the warm model (blocking)."""
+        from attnviz.session import check_text
+
+        key = params.cache_key()
+        hit = self.captures.get(key)
+        if hit is not None:
+            return hit
+        check_text(params.text)
+        if params.pair is not None:
+            check_text(params.pair, "the pair text")
+        self._source(params.spec)  # load errors are remembered for /api/models
+        capture = self.session.capture(params.text, params.pair, model=params.spec,
+                                       layers=params.layers, heads=params.heads,
+                                       max_tokens=params.max_tokens, truncate=params.truncate,
+                                       use_cache=False)
+        size = math.prod(capture.weights.shape)
+        if size > self.limits.max_weights:
+            shape = capture.weights.shape
+            raise ApiError(422, f"the capture of {capture.num_tokens} tokens holds {size:,} "
+                                f"weights ({shape[0]} layers x {shape[1]} heads), more than "
+                                f"this server sends ({self.limits.max_weights:,})",
+                           "select fewer layers or heads, or fewer tokens with max_tokens")
+        self.captures.put(key, capture)
+        return capture
+
+
+# --------------------------------------------------------------------------- payloads
+def _plain(value: Any) -> Any:
+    """A JSON-ready copy (numbers, strings, lists, dicts; anything else as text)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def word_units(capture: Capture) -> dict[str, Any] | None:
+    """Word groups, labels and special flags as the report reads them; ``None`` if 1:1."""
+    from attnviz.analysis.tokens import join_pieces, word_groups
+
+    groups = word_groups(capture)
+    if len(groups) == capture.num_tokens:
+        return None
+    labels = [join_pieces([capture.display_tokens[i] for i in group]) for group in groups]
+    return {"groups": groups, "labels": labels,
+            "special": [bool(capture.special[group[0]]) for group in groups]}
+
+
+def encode_float32(weights: Any) -> dict[str, Any]:
+    """Exact weights: little-endian float32 bytes, base64-encoded."""
+    import numpy as np
+
+    data = np.ascontiguousarray(weights, dtype="<f4")
+    return {"encoding": "base64", "dtype": "float32", "byteorder": "little",
+            "shape": [int(n) for n in data.shape],
+            "data": base64.b64encode(data.tobytes()).decode("ascii")}
+
+
+def encode_quantised(weights: Any, bits: int) -> dict[str, Any]:
+    """The HTML report's weights block (:func:`attnviz.render.html.encode_weights`: the same
+    quantisation, layout and ``zlib-base64`` encoding, read by the same decoder), compressed
+    for speed: on a live server the time to answer matters more than bytes. Quantised weights
+    compress only about 1.5x (the low bytes are noise) at ~15 MB/s on a slow core, so blocks
+    past 1 MiB are stored uncompressed (zlib level 0) and smaller ones use level 1.
+    """
+    import zlib
+
+    import numpy as np
+
+    from attnviz.render.html import quantise
+
+    quantised = np.ascontiguousarray(quantise(weights, bits))
+    if bits == 8:
+        raw = quantised.tobytes()
+    else:  # byte planes: low bytes first, then high bytes
+        pairs = quantised.astype("<u2").view(np.uint8).reshape(-1, 2)
+        raw = np.ascontiguousarray(pairs.T).tobytes()
+    return {"encoding": "zlib-base64", "bits": bits,
+            "layout": "bytes" if bits == 8 else "byte-planes-le",
+            "shape": [int(n) for n in quantised.shape],
+            "data": base64.b64encode(zlib.compress(raw, 1 if len(raw) <= 1 << 20 else 0)
+                                     ).decode("ascii")}
+
+
+def capture_payload(capture: Capture, *, weights: str = "q8", stats: bool = False
+                    ) -> dict[str, Any]:
+    """The JSON of a capture: its sidecar (``capture.json``), word units, head statistics
+    (when asked) and the weights ``[layer, head, query, key]`` in the requested encoding.
+
+    The same record is one document of the HTML report (``attnviz.render.html.doc_data``), so
+    the page draws it with the report's own front end.
+    """
+    from attnviz.render.html import head_stats
+
+    payload = _plain(capture.sidecar())
+    payload["words"] = word_units(capture)
+    payload["stats"] = head_stats(capture) if stats else None
+    payload["warnings"] = [str(w) for w in capture.meta.get("warnings", [])]
+    if weights == "float32":
+        payload["weights"] = encode_float32(capture.weights)
+    else:
+        payload["weights"] = encode_quantised(capture.weights, 16 if weights == "q16" else 8)
+    return payload
+
+
+def decode_float32(block: dict[str, Any]) -> Any:
+    """The array of an :func:`encode_float32` block."""
+    import numpy as np
+
+    shape = tuple(int(n) for n in block["shape"])
+    raw = base64.b64decode(block["data"])
+    return np.frombuffer(raw, dtype="<f4", count=math.prod(shape)).reshape(shape).astype(
+        np.float32)
+
+
+@dataclass(frozen=True)
+class TopkParams:
+    """A checked top-k request: which matrix, how many keys, which view."""
+
+    layer: int
+    head: int | str | list[int]
+    k: int
+    words: bool
+    exclude_special: bool
+    query: int | None
+    fmt: str
+
+    @classmethod
+    def read(cls, fields: Fields, max_k: int) -> TopkParams:
+        layer = fields.integer("layer", None, -(1 << 20), 1 << 20)
+        if layer is None:
+            raise ApiError(422, "'layer' is missing", 'send e.g. {"layer": 5, "head": 3}')
+        return cls(layer=layer, head=fields.head("head"),
+                   k=int(fields.integer("k", 3, 1, max_k) or 3),
+                   words=fields.flag("words", False),
+                   exclude_special=fields.flag("exclude_special", False),
+                   query=fields.integer("query", None, -(1 << 20), 1 << 20),
+                   fmt=fields.choice("format", ("json", "csv"), "json"))
+
+
+def topk_payload(capture: Capture, params: TopkParams) -> dict[str, Any]:
+    """Top-k keys per query of one head (or the layer's mean), as ``attnviz top-k -f json``.
+
+    With ``params.query``, only that query's row, with every weight of the row as well.
+    """
+    import numpy as np
+
+    from attnviz.analysis.tokens import token_view, view_notes
+    from attnviz.analysis.topk import topk_rows
+    from attnviz.selection import resolve_index
+
+    capture.layer_position(params.layer)  # the CLI's messages for a layer or head out of range
+    chosen = params.head
+    for head in chosen if isinstance(chosen, list) else [chosen]:
+        if isinstance(head, int):
+            capture.head_position(head)
+    view = token_view(capture, words=params.words, exclude_special=params.exclude_special)
+    layer = resolve_index(params.layer, view.num_layers, "layer")
+    if chosen == "mean":
+        matrix, label, what = view.mean_matrix(params.layer), "mean", "head mean"
+    elif isinstance(chosen, list):
+        heads = sorted({resolve_index(h, view.num_heads, "head") for h in chosen})
+        matrix = np.mean([view.matrix(params.layer, h) for h in heads], axis=0)
+        label = "mean-" + "-".join(str(h) for h in heads)
+        what = f"mean of heads {', '.join(str(h) for h in heads)}"
+    else:
+        label = str(resolve_index(int(chosen), view.num_heads, "head"))
+        matrix, what = view.matrix(params.layer, int(chosen)), f"head {label}"
+    notes = view_notes(view)
+    title = (f"{view.model}: layer {layer}, {what}"
+             + (f" ({', '.join(notes)})" if notes else "") + f", top {params.k}")
+    tokens = view.display_tokens
+    payload: dict[str, Any] = {"title": title, "k": params.k, "layer": layer, "head": label,
+                               "tokens": tokens}
+    if params.query is None:
+        payload["rows"] = topk_rows(matrix, tokens, params.k, causal=view.causal)
+        return payload
+    query = resolve_index(params.query, view.num_tokens, "query")
+    row = np.asarray(matrix[query], dtype=np.float32)
+    top = cast("list[dict[str, Any]]",
+               topk_rows(matrix[query : query + 1], tokens, params.k, causal=False)[0]["top"])
+    if view.causal:
+        top = [entry for entry in top if int(entry["key_index"]) <= query]
+    payload["row"] = {"query_index": query, "query": tokens[query],
+                      "weights": [round(float(w), 6) for w in row], "top": top}
+    return payload
+
+
+def topk_csv(payload: dict[str, Any]) -> str:
+    """CSV of a :func:`topk_payload` (the columns of ``attnviz top-k --format csv``)."""
+    import csv
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(TOPK_CSV_HEADER)
+    for row in payload["rows"]:
+        for rank, item in enumerate(row["top"], start=1):
+            writer.writerow([row["query_index"], row["query"], rank, item["key_index"],
+                             item["key"], f"{item['weight']:.6f}"])
+    return buffer.getvalue()
+
+
+def capture_zip(capture: Capture) -> bytes:
+    """A zip of ``attention.npy`` (float32) and ``capture.json``, as ``attnviz dump`` writes."""
+    import numpy as np
+
+    from attnviz.capture import JSON_NAME, NPY_NAME
+
+    weights = io.BytesIO()
+    np.save(weights, np.ascontiguousarray(capture.weights, dtype=np.float32), allow_pickle=False)
+    sidecar = capture.sidecar()
+    sidecar["dtype"] = "float32"
+    sidecar["weights_file"] = NPY_NAME
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        zf.writestr(NPY_NAME, weights.getvalue())
+        zf.writestr(JSON_NAME, json.dumps(sidecar, ensure_ascii=False, indent=1, default=str))
+    return buffer.getvalue()
+
+
+@dataclass(frozen=True)
+class ExplainParams:
+    """A checked explain request: one toy head, one query token."""
+
+    text: str
+    token: str
+    layer: int
+    head: int
+    config: ToyConfig
+
+    @classmethod
+    def read(cls, fields: Fields, engine: Engine) -> ExplainParams:
+        from attnviz.models import TOY_MODEL
+        from attnviz.models.toy import split_words
+
+        text = fields.text("text", required=True, limit=engine.limits.max_chars)
+        assert text is not None
+        model = fields.text("model", limit=500)
+        if model is not None and model != TOY_MODEL:
+            raise ApiError(422, "the step-by-step explanation is for the toy model only",
+                           'send "model": "toy"')
+        if TOY_MODEL not in engine.models and not engine.allow_any_model:
+            raise ApiError(404, "this server does not serve the toy model",
+                           "start it with --model toy to see the step-by-step explanation")
+        token = fields._get("token")
+        if isinstance(token, bool) or not isinstance(token, (int, str)):
+            raise ApiError(422, "'token' must be a position (an integer) or a word, not "
+                                f"{json_type(token)}")
+        if isinstance(token, str) and len(token) > 200:
+            raise ApiError(413, "'token' is longer than 200 characters")
+        layer = int(fields.integer("layer", 0, -64, 64) or 0)
+        head = int(fields.integer("head", 0, -256, 256) or 0)
+        config = engine.toy_config(fields.obj("toy"))
+        words = len(split_words(text))
+        if words > engine.limits.max_tokens:
+            raise ApiError(422, f"the text has {words} words, more than this server's limit of "
+                                f"{engine.limits.max_tokens} tokens",
+                           "shorten the text, or start the server with a higher --max-tokens",
+                           kind="InputError")
+        return cls(text=text, token=str(token), layer=layer, head=head, config=config)
+
+
+def explain_payload(params: ExplainParams) -> dict[str, Any]:
+    """Every step of one toy head for one query (``attnviz explain --format json``)."""
+    from attnviz.analysis.explain import explain_head
+    from attnviz.session import check_text
+
+    check_text(params.text)
+    explanation = explain_head(params.text, params.token, params.layer, params.head,
+                               params.config)
+    payload = explanation.to_dict()
+    payload["d_k"] = params.config.d_k
+    payload["causal"] = params.config.causal
+    payload["scaling"] = params.config.scale
+    return _plain(payload)

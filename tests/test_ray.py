@@ -1,0 +1,272 @@
+"""``--engine ray`` on ``heads --input`` and ``export --input``: the local engine's results.
+
+One local Ray (2 CPUs) serves the whole module; the commands find it already running and
+leave it so. Most runs use the toy model (each Ray worker loads it once).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+TOY = ("--model", "toy", "--toy-layers", "2", "--toy-heads", "4", "--d-model", "16",
+       "--no-cache")
+WORDS = ("the cat sat on a mat , dog ran far away . big red car and with small green "
+         "ideas sleep furiously ! why not ?").split()
+KILL_NOTE = "test hook: a worker was killed"
+
+
+def _corpus(count: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 14)))
+            for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One local Ray with 2 CPUs for the module; workers get their own capture cache."""
+    from attnviz.engine.ray_cluster import init_local
+
+    cache = tmp_path_factory.mktemp("ray-worker-cache")
+    ray = init_local(2, env={"ATTNVIZ_CACHE_DIR": str(cache)})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """200 short texts, a blank line, a text the model cannot use and a repeated text."""
+    texts = _corpus(200)
+    texts[17] = "broken \x00 text"
+    texts[40] = texts[3]
+    lines = texts[:100] + [""] + texts[100:]
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _heads_json(invoke, corpus: Path, *extra: str) -> tuple[dict[str, Any], str]:
+    result = invoke("heads", "--input", corpus, *TOY, "--format", "json", *extra)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout), result.stderr
+
+
+def _assert_same_heads(local: dict[str, Any], ray: dict[str, Any]) -> None:
+    assert ray["texts"] == local["texts"] == 199  # 200 texts, one unusable
+    assert ray["tokens"] == local["tokens"] and ray["title"] == local["title"]
+    assert len(ray["heads"]) == len(local["heads"]) == 8
+    for mine, theirs in zip(ray["heads"], local["heads"]):
+        assert (mine["layer"], mine["head"], mine["label"]) == \
+            (theirs["layer"], theirs["head"], theirs["label"])
+        stats = [key for key in theirs if key not in ("layer", "head", "label")]
+        assert len(stats) >= 11
+        for key in stats:
+            assert abs(mine[key] - theirs[key]) <= 1e-6, (mine["layer"], mine["head"], key)
+    for mine, theirs in zip(ray["layers"], local["layers"]):
+        assert mine["labels"] == theirs["labels"]
+        assert mine["entropy"] == pytest.approx(theirs["entropy"], abs=1e-6)
+
+
+@pytest.mark.parametrize(("workers", "batch_size"), [(1, 8), (2, 8), (1, 3), (2, 3)])
+def test_heads_ray_equals_local(invoke, local_ray, corpus_file: Path, workers: int,
+                                batch_size: int) -> None:
+    local, local_err = _heads_json(invoke, corpus_file, "--batch-size", str(batch_size))
+    ray, ray_err = _heads_json(invoke, corpus_file, "--batch-size", str(batch_size),
+                               "--engine", "ray", "--workers", str(workers))
+    _assert_same_heads(local, ray)
+    for err in (local_err, ray_err):  # the unusable text is reported and counted
+        assert "skipped a text (the text contains a NUL character" in err
+        assert "1 text(s) could not be used and were skipped" in err
+    assert "Ray: " in ray_err
+
+
+def test_heads_ray_induction_on_a_worker(invoke, local_ray, corpus_file: Path) -> None:
+    """A causal model: the induction test runs on a Ray worker and gives the local scores."""
+    local, _ = _heads_json(invoke, corpus_file, "--causal")
+    ray, _ = _heads_json(invoke, corpus_file, "--causal", "--engine", "ray", "--workers", "2")
+    assert local["induction_test"] == ray["induction_test"] is not None
+    _assert_same_heads(local, ray)
+    assert [h["induction"] for h in ray["heads"]] == \
+        pytest.approx([h["induction"] for h in local["heads"]], abs=1e-6)
+
+
+def test_heads_ray_worker_killed_mid_run(invoke, local_ray, corpus_file: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker dies after 13 texts (mid-batch): Ray retries its batch; no text is counted
+    twice or lost."""
+    local, _ = _heads_json(invoke, corpus_file, "--batch-size", "4")
+    monkeypatch.setenv("ATTNVIZ_TEST_KILL_ACTOR_AFTER", "13")
+    ray, err = _heads_json(invoke, corpus_file, "--batch-size", "4", "--engine", "ray",
+                           "--workers", "2")
+    assert KILL_NOTE in err
+    _assert_same_heads(local, ray)  # same texts and tokens: nothing counted twice
+
+
+# ------------------------------------------------------------------------------- export
+EXPORT = ("--figures", "heads,layers,overview", "--batch-size", "3")
+
+
+@pytest.fixture(scope="module")
+def export_input(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """JSONL: 20 texts (one with an id, one with a pair, one repeated), a blank line and a
+    line that is not JSON."""
+    rows: list[str] = [json.dumps({"text": text}) for text in _corpus(20, seed=1)]
+    rows[2] = json.dumps({"text": "A named one", "id": "named"})
+    rows[5] = json.dumps({"text": "The bank of the river", "pair": "The bank approved it"})
+    rows[9] = rows[4]
+    rows.insert(12, "")
+    rows.insert(14, "{not json")
+    path = tmp_path_factory.mktemp("export-input") / "texts.jsonl"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def local_export(tmp_path_factory: pytest.TempPathFactory, export_input: Path) -> Path:
+    from typer.testing import CliRunner
+
+    from attnviz.cli import app
+
+    out = tmp_path_factory.mktemp("local-export")
+    result = CliRunner().invoke(app, ["export", "--input", str(export_input), "-o", str(out),
+                                      *TOY, *EXPORT, "--jobs", "1"])
+    assert result.exit_code == 1, result.output  # the bad line fails: exit 1, as with ray
+    return out
+
+
+def _files(root: Path) -> dict[str, Path]:
+    return {p.relative_to(root).as_posix(): p for p in root.rglob("*") if p.is_file()}
+
+
+def _index(root: Path) -> dict[str, Any]:
+    index = json.loads((root / "index.json").read_text(encoding="utf-8"))
+    index["summary"].pop("seconds")
+    return index
+
+
+def _assert_same_export(local: Path, ray: Path) -> None:
+    ours, theirs = _files(ray), _files(local)
+    assert ours.keys() == theirs.keys()
+    pngs = [name for name in theirs if name.endswith(".png")]
+    arrays = [name for name in theirs if name.endswith(".npy")]
+    assert len(pngs) == 19 * (8 + 2 + 1) and len(arrays) == 19  # 19 distinct usable texts
+    for name in pngs:
+        assert ours[name].read_bytes() == theirs[name].read_bytes(), name
+    for name in arrays:
+        np.testing.assert_array_equal(np.load(ours[name]), np.load(theirs[name]), err_msg=name)
+    for name in theirs:
+        if name.endswith(("export.json", "capture.json", "topk.csv")):
+            assert ours[name].read_bytes() == theirs[name].read_bytes(), name
+    mine, reference = _index(ray), _index(local)
+    numbers = [entry["number"] for entry in mine["texts"]]
+    assert numbers == list(range(1, 22))  # every text once, in input order
+    statuses = [entry["status"] for entry in mine["texts"]]
+    assert statuses.count("failed") == 1 and statuses.count("duplicate") == 1
+    for entry, expected in zip(mine["texts"], reference["texts"]):
+        assert entry["folder"] == expected["folder"]
+        assert entry["files"] == expected["files"]
+        if expected["status"] != "exported":
+            assert entry == expected
+
+
+def test_export_ray_equals_local(invoke, local_ray, export_input: Path, local_export: Path,
+                                 tmp_path: Path) -> None:
+    out = tmp_path / "ray"
+    result = invoke("export", "--input", export_input, "-o", out, *TOY, *EXPORT,
+                    "--engine", "ray", "--workers", "2")
+    assert result.exit_code == 1, result.output  # one bad line: exit code 1, as local
+    assert "19 exported, 1 skipped, 1 failed" in result.stdout, result.output
+    assert "line 15" in result.stderr and "not valid JSON" in result.stderr
+    _assert_same_export(local_export, out)
+    assert _index(out)["summary"] == _index(local_export)["summary"]
+
+    again = invoke("export", "--input", export_input, "-o", out, *TOY, *EXPORT,
+                   "--engine", "ray", "--workers", "2")  # resume: everything is complete
+    assert again.exit_code == 1, again.output
+    assert "0 exported, 20 skipped, 1 failed" in again.stdout
+    _assert_same_export(local_export, out)
+
+
+def test_export_ray_worker_killed_mid_run(invoke, local_ray, export_input: Path,
+                                          local_export: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker dies after 4 texts, in the middle of its batch, with the 5th text's capture
+    written and its figures not: the retried batch resumes it; the export is complete and
+    every text is listed once."""
+    monkeypatch.setenv("ATTNVIZ_TEST_KILL_ACTOR_AFTER", "4")
+    out = tmp_path / "ray"
+    result = invoke("export", "--input", export_input, "-o", out, *TOY, *EXPORT,
+                    "--engine", "ray", "--workers", "2")
+    assert result.exit_code == 1, result.output
+    assert KILL_NOTE in result.stderr
+    _assert_same_export(local_export, out)
+    summary = _index(out)["summary"]
+    assert summary["texts"] == 21 and summary["failed"] == 1
+    assert summary["exported"] + summary["skipped"] == 20  # finished by the dead worker: skipped
+    for entry in _index(out)["texts"]:
+        if entry["status"] in ("exported", "skipped"):
+            manifest = json.loads((out / entry["folder"] / "export.json").read_text("utf-8"))
+            assert manifest["complete"] is True
+
+
+# ------------------------------------------------------------------------------- options
+def test_engine_options_are_checked(invoke, local_ray, corpus_file: Path,
+                                    tmp_path: Path) -> None:
+    cases = [
+        (("--workers", "2"), "--workers is an option of --engine ray"),
+        (("--engine", "ray", "--workers", "3"), "at most 2 workers fit"),
+        (("--engine", "ray", "--gpus-per-worker", "1"), "has no GPUs"),
+        (("--engine", "ray", "--gpus-per-worker", "1.5"), "whole GPUs only"),
+        (("--engine", "ray", "--workers", "5000"), "1024"),
+        (("--engine", "ray", "--batch-size", "5000"), "1024"),
+    ]
+    for extra, message in cases:
+        result = invoke("heads", "--input", corpus_file, *TOY, *extra)
+        assert result.exit_code == 2, (extra, result.output)
+        assert message in " ".join(result.output.split()), (extra, result.output)
+    no_input = invoke("heads", "The cat sat", *TOY, "--engine", "ray")
+    assert no_input.exit_code == 2 and "runs the texts of --input" in no_input.output
+    dumps = invoke("export", "--input", corpus_file, "--from", tmp_path, "-o", tmp_path / "o",
+                   *TOY, "--engine", "ray")
+    assert dumps.exit_code == 2 and "not saved captures" in dumps.output
+    jobs = invoke("export", "--input", corpus_file, "-o", tmp_path / "o", *TOY, "--engine",
+                  "ray", "--jobs", "2")
+    assert jobs.exit_code == 2 and "use --workers" in jobs.output
+
+
+def test_without_ray_installed_the_error_says_how_to_install(
+        invoke, corpus_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    for args in (("heads", "--input", corpus_file), ("export", "--input", corpus_file, "-o",
+                                                     tmp_path / "out")):
+        result = invoke(*args, *TOY, "--engine", "ray")
+        assert result.exit_code == 1, result.output
+        assert "Traceback" not in result.output
+        assert 'pip install "attnviz[ray]"' in result.stderr
+
+
+def test_local_engine_never_imports_ray(corpus_file: Path) -> None:
+    """A real process: ``--help`` and the local engine do not import Ray."""
+    script = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from attnviz.cli import app\n"
+        "runner = CliRunner()\n"
+        "assert runner.invoke(app, ['heads', '--help']).exit_code == 0\n"
+        "assert runner.invoke(app, ['export', '--help']).exit_code == 0\n"
+        f"result = runner.invoke(app, ['heads', '--input', {str(corpus_file)!r}, "
+        f"{', '.join(repr(a) for a in TOY)}, '--format', 'csv'])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
