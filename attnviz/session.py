@@ -43,15 +43,45 @@ def make_spec(model: str | ModelSpec | None = None, **options: Any) -> ModelSpec
     """A :class:`~attnviz.models.ModelSpec` from a name (default model when ``None``)."""
     from attnviz.models import ModelSpec, default_model
 
-    if isinstance(model, ModelSpec):
-        if options:
-            return dataclasses.replace(model, **options)
-        return model
     unknown = set(options) - set(_SPEC_KEYS)
     if unknown:
         raise UsageError(f"unknown model option(s): {', '.join(sorted(unknown))}",
                          f"model options are {', '.join(_SPEC_KEYS)}")
+    if "toy" in options:
+        options["toy"] = _toy_config(options["toy"])
+    if isinstance(model, ModelSpec):
+        if options:
+            return dataclasses.replace(model, **options)
+        return model
+    if model is not None and not isinstance(model, str):
+        raise UsageError(f"model must be a name such as \"minilm\", \"toy\", a Hugging Face id "
+                         f"or a folder, not {type(model).__name__}",
+                         "for a model object you already hold, use "
+                         "attnviz.capture(model, tokenizer, text)")
     return ModelSpec(name=model or default_model(), **options)
+
+
+def _toy_config(value: Any) -> Any:
+    """The toy model's settings from a :class:`ToyConfig` or a dict of its fields."""
+    from attnviz.models.toy import ToyConfig
+
+    if value is None or isinstance(value, ToyConfig):
+        return value
+    fields = [f.name for f in dataclasses.fields(ToyConfig)]
+    if not isinstance(value, dict):
+        raise UsageError(f"toy must be a ToyConfig or a dict, not {type(value).__name__}",
+                         f"e.g. toy={{\"layers\": 2, \"heads\": 4}} (fields: "
+                         f"{', '.join(fields)})")
+    unknown = sorted(str(k) for k in set(value) - set(fields))
+    if unknown:
+        raise UsageError(f"unknown toy setting(s): {', '.join(unknown)}",
+                         f"the toy model's settings are {', '.join(fields)}")
+    for name, item in value.items():
+        wanted = bool if name in ("causal", "scale") else int
+        if not isinstance(item, wanted) or (wanted is int and isinstance(item, bool)):
+            raise UsageError(f"toy setting {name} must be {'true or false' if wanted is bool else 'a whole number'}, "
+                             f"not {item!r:.40}")
+    return ToyConfig(**value)
 
 
 def spec_key(spec: ModelSpec) -> str:
@@ -59,13 +89,44 @@ def spec_key(spec: ModelSpec) -> str:
     return json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str)
 
 
-def _selection_text(selection: Selection) -> str | None:
-    """Selections travel as text (``"0,2-4"``) so cache keys stay the same everywhere."""
+def _selection_text(selection: Selection, what: str = "layer") -> str | None:
+    """Selections travel as text (``"0,2-4"``) so cache keys stay the same everywhere.
+
+    Raises:
+        UsageError: not a selection string, an index or a list of indices.
+    """
+    import numbers
+
     if selection is None or isinstance(selection, str):
         return selection
-    if isinstance(selection, int):
-        return str(selection)
-    return ",".join(str(int(i)) for i in selection)
+    example = f"e.g. {what}s=\"0,2-4\", {what}s=-1 or {what}s=[0, 3]"
+    if isinstance(selection, numbers.Integral) and not isinstance(selection, bool):
+        return str(int(selection))
+    if isinstance(selection, (bool, float, bytes, dict, set)) or not hasattr(selection,
+                                                                              "__iter__"):
+        raise UsageError(f"{what}s must be a selection such as \"0,2-4\", an index or a list "
+                         f"of indices, not {type(selection).__name__}", example)
+    items = list(selection)
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, numbers.Integral):
+            raise UsageError(f"{what}s must hold whole numbers ({what} indices), not "
+                             f"{item!r:.40}", example)
+    if not items:
+        raise UsageError(f"{what}s=[] selects no {what}", f"leave {what}s out (None) to keep "
+                         f"every {what}, or {example[5:]}")
+    return ",".join(str(int(i)) for i in items)
+
+
+def _check_max_tokens(max_tokens: int | None) -> None:
+    if max_tokens is None:
+        return
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise UsageError(f"max_tokens must be a whole number of at least 1, not "
+                         f"{max_tokens!r:.40}", "or None for the model's own limit")
+
+
+def _selections(layers: Selection, heads: Selection) -> tuple[str | None, str | None]:
+    return _selection_text(layers, "layer"), _selection_text(heads, "head")
 
 
 class Session:
@@ -79,14 +140,16 @@ class Session:
             it may return a context manager that is held while loading.
 
     Thread safety: one lock per model serialises forward passes on it (models are not
-    re-entrant); loading is serialised by a session lock.
+    re-entrant); one lock per model being loaded makes concurrent requests for it wait for a
+    single load, while captures on other models go on.
     """
 
     def __init__(self, *, use_cache: bool = True, max_models: int = 2,
                  warn: Warn | None = None,
                  on_load: Callable[[str], Any] | None = None) -> None:
-        if max_models < 1:
-            raise UsageError(f"max_models must be at least 1, got {max_models}")
+        if isinstance(max_models, bool) or not isinstance(max_models, int) or max_models < 1:
+            raise UsageError(f"max_models must be a whole number of at least 1, not "
+                             f"{max_models!r:.40}")
         self.use_cache = use_cache
         self.max_models = max_models
         self.warn = warn
@@ -95,6 +158,7 @@ class Session:
         self.forwards = 0  # texts run through a model (cache misses)
         self._models: collections.OrderedDict[str, AttentionSource] = collections.OrderedDict()
         self._model_locks: dict[str, threading.Lock] = {}
+        self._loading: dict[str, threading.Lock] = {}  # one per model being loaded now
         self._lock = threading.RLock()
         self._cache_warned: set[str] = set()  # cache warnings are said once per session
 
@@ -104,17 +168,36 @@ class Session:
         spec = make_spec(model, **options)
         key = spec_key(spec)
         with self._lock:
-            source = self._models.get(key)
+            source = self._warm(key)
             if source is not None:
-                self._models.move_to_end(key)
                 return source
-            source = self._load(spec)
-            self._models[key] = source
-            self._model_locks.setdefault(key, threading.Lock())
-            while len(self._models) > self.max_models:
-                old, _ = self._models.popitem(last=False)
-                self._model_locks.pop(old, None)
-            return source
+            loading = self._loading.setdefault(key, threading.Lock())
+        # One load per model at a time, outside the session lock: a model that takes
+        # minutes to load does not hold up captures on the models that are warm already.
+        with loading:
+            try:
+                with self._lock:
+                    source = self._warm(key)
+                if source is not None:
+                    return source
+                source = self._load(spec)
+                with self._lock:
+                    self._models[key] = source
+                    self._model_locks.setdefault(key, threading.Lock())
+                    while len(self._models) > self.max_models:
+                        old, _ = self._models.popitem(last=False)
+                        self._model_locks.pop(old, None)
+                return source
+            finally:
+                with self._lock:
+                    if self._loading.get(key) is loading:
+                        del self._loading[key]
+
+    def _warm(self, key: str) -> AttentionSource | None:
+        source = self._models.get(key)
+        if source is not None:
+            self._models.move_to_end(key)
+        return source
 
     def is_loaded(self, model: str | ModelSpec | None = None, **options: Any) -> bool:
         """Whether the model is warm in this session."""
@@ -199,7 +282,7 @@ class Session:
         shape = self.shape(model, **options)
         if shape is None:
             return
-        layer_text, head_text = _selection_text(layers), _selection_text(heads)
+        layer_text, head_text = _selections(layers, heads)
         if layer_text:
             parse_selection(layer_text, shape.num_layers, "layer")
         if head_text:
@@ -237,7 +320,8 @@ class Session:
         check_text(text)
         if pair is not None:
             check_text(pair, "the pair text")
-        layer_text, head_text = _selection_text(layers), _selection_text(heads)
+        layer_text, head_text = _selections(layers, heads)
+        _check_max_tokens(max_tokens)
         cache_on = self.use_cache if use_cache is None else use_cache
         if cache_on:
             from attnviz.cache import cached_capture
@@ -286,7 +370,8 @@ class Session:
         check_text(text)
         if pair is not None:
             check_text(pair, "the pair text")
-        layer_text, head_text = _selection_text(layers), _selection_text(heads)
+        layer_text, head_text = _selections(layers, heads)
+        _check_max_tokens(max_tokens)
         cache_on = self.use_cache if use_cache is None else use_cache
         if cache_on:
             from attnviz.cache import cached_capture
@@ -323,7 +408,10 @@ class Session:
         from attnviz.analysis.corpus import capture_batches
 
         spec = make_spec(model)
-        self.validate(spec, layers=layers, heads=heads)  # before loading the weights
+        texts = _text_pairs(texts)
+        layer_text, head_text = _selections(layers, heads)
+        _check_max_tokens(max_tokens)
+        self.validate(spec, layers=layer_text, heads=head_text)  # before loading the weights
         cache_on = self.use_cache if use_cache is None else use_cache
         lock = self._forward_lock(spec)
 
@@ -334,8 +422,8 @@ class Session:
 
         with warnings_to(self._cache_warn):
             yield from capture_batches(spec, texts, load=load, batch_size=batch_size,
-                                       layers=_selection_text(layers),
-                                       heads=_selection_text(heads), max_tokens=max_tokens,
+                                       layers=layer_text,
+                                       heads=head_text, max_tokens=max_tokens,
                                        truncate=truncate, use_cache=cache_on, write=write_cache,
                                        check=check, warn=self._cache_warn)
 
@@ -368,6 +456,23 @@ class Session:
         except AttnvizError as error:
             self._cache_warn(f"could not keep the capture in the cache ({error.message}); "
                              "use --no-cache to stop trying")
+
+
+def _text_pairs(texts: Any) -> list[tuple[str, str | None]]:
+    """``(text, pair)`` tuples from a list of texts, each a string or a ``(text, pair)``."""
+    if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
+        raise UsageError(f"captures() takes a list of texts, not {type(texts).__name__}",
+                         "e.g. session.captures([\"The cat sat\", (\"A question\", \"an answer\")])")
+    pairs: list[tuple[str, str | None]] = []
+    for item in texts:
+        if isinstance(item, str):
+            pairs.append((item, None))
+        elif isinstance(item, (tuple, list)) and len(item) == 2:
+            pairs.append((item[0], item[1]))
+        else:
+            raise UsageError(f"each text must be a string or a (text, pair) tuple, not "
+                             f"{item!r:.60}", "e.g. \"The cat sat\" or (\"A question\", None)")
+    return pairs
 
 
 def check_text(text: str, what: str = "the text") -> None:

@@ -25,6 +25,14 @@ attnviz heatmap --from "$out/.tmp/cat" --layer 2 --head mean --exclude-special \
 attnviz top-k --from "$out/.tmp/cat" --layer 5 --head 3 -f markdown -o "$out/topk_L5_H3.md"
 readme attnviz heatmap "The bank of the river" --pair "The bank approved the loan" --layer 3 --head 7 -o heatmap_pair.png
 
+# Figures at real lengths: a window of a paragraph, and the colour scales on one head.
+attnviz dump "When the old lighthouse keeper retired, the village council argued for months about whether to automate the lamp, sell the building to a hotel chain, or turn it into a museum; in the end the children of the school voted, and the museum won by a single vote." -o "$out/paragraph" >/dev/null
+readme attnviz heatmap --from paragraph --layer 2 --head 3 --tokens 15:45 -o heatmap_zoom.png
+rm -r "$out/paragraph"
+readme attnviz heatmap "The cat sat on the mat because it was warm." --layer 4 --head 1 --scale linear --vmax 1 -o scale_linear.png
+readme attnviz heatmap "The cat sat on the mat because it was warm." --layer 4 --head 1 -o scale_default.png
+readme attnviz heatmap "The cat sat on the mat because it was warm." --layer 4 --head 1 --scale log -o scale_log.png
+
 # Toy model: bidirectional vs causal, and softmax saturation without 1/sqrt(d_k).
 T="the robot picked up the red ball"
 attnviz heatmap "$T" --model toy --toy-heads 2 --d-model 16 --layer 0 --head 0 \
@@ -46,8 +54,9 @@ readme attnviz rollout "The cat sat on the mat because it was warm." --token it 
 rm "$out/rollout.npy"  # it also wrote rollout_bar_it.png; README shows the two pictures
 attnviz compare "$T" --model toy --vs-causal --head 0 -o "$out/compare_toy_causal.png" \
   --format markdown > "$out/compare_toy_causal.md"
+readme attnviz compare "The cat sat on the mat" "The dog sat on the mat" --layer 2 -o compare_cat_dog.png
 attnviz compare "The bank of the river" "The bank approved the loan" --words --layer 2 \
-  --head mean -o "$out/compare_bank.png" > /dev/null
+  --head mean -o "$out/compare_bank.png" > /dev/null 2>&1
 attnviz explain "The cat sat on the mat" --token cat --format json > "$out/.tmp/explain.json"
 COLUMNS=100 attnviz explain "The cat sat on the mat" --token cat > "$out/explain_cat.txt"
 

@@ -24,6 +24,7 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory,
     """Every test gets its own capture cache folder (never the user's)."""
     monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.delenv("ATTNVIZ_MODEL", raising=False)
+    monkeypatch.delenv("ATTNVIZ_SERVER", raising=False)
     monkeypatch.delenv("ATTNVIZ_DEBUG", raising=False)
 
 
@@ -86,9 +87,8 @@ def runner() -> CliRunner:
 @pytest.fixture
 def invoke(runner: CliRunner) -> Callable[..., object]:
     """Run the CLI in-process; returns click's Result (exit_code, stdout, stderr)."""
-    from attnviz.cli import app
-
     import attnviz.cli._common as common
+    from attnviz.cli import app
 
     def run(*args: str, input: str | None = None):  # noqa: A002 - click's name
         common._SESSION = None  # each invocation starts cold, as a new process would

@@ -75,18 +75,21 @@ def test_compare_vs_causal(invoke, tmp_path):
     assert reds > 100 and blues > 100  # the diverging difference panel is there
 
 
-def test_compare_two_texts_that_do_not_line_up(invoke, cli_minilm, tmp_path):
+def test_compare_two_texts_that_differ(invoke, cli_minilm, tmp_path):
     out = tmp_path / "bank.png"
+    # Same length, other words: aligned position by position, the changed tokens marked.
     result = invoke("compare", "The bank of the river", "The bank approved the loan",
                     "--layer", "2", "-o", out)
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == str(out)  # no table of changes
-    assert "do not line up" in result.stderr
-    # Same length, other tokens: still no difference map.
+    assert "Largest changes" in result.stdout and "of\u2192approved" in result.stdout
+    assert "aligned position by position; 2 differ (of\u2192approved, river\u2192loan)" \
+        in result.stderr
+    # Another length: aligned word by word (difflib), the unpaired words named.
     result = invoke("compare", "The bank of the river", "The bank of the sea!", "--format",
                     "json", "-o", tmp_path / "sea.png")
     data = json.loads(result.stdout)
-    assert data["aligned"] is False and data["changes"] == []
+    assert data["aligned"] is True and data["alignment"]["method"] == "words"
+    assert data["alignment"]["unmatched_b"] == ["!"] and len(data["changes"]) == 10
     # The uncased tokenizer makes these two texts the same tokens: three panels, no change.
     same = tmp_path / "same.png"
     result = invoke("compare", "The bank of the river", "THE BANK OF THE RIVER", "--format",
@@ -94,15 +97,15 @@ def test_compare_two_texts_that_do_not_line_up(invoke, cli_minilm, tmp_path):
     data = json.loads(result.stdout)
     assert data["aligned"] is True
     assert all(abs(c["delta"]) < 1e-6 for c in data["changes"])
-    with Image.open(out) as two_panels, Image.open(same) as three_panels:
-        assert three_panels.size[0] > two_panels.size[0] * 1.3
+    with Image.open(tmp_path / "sea.png") as words, Image.open(same) as three_panels:
+        assert three_panels.size[0] > 1000 and words.size[0] > 1000
 
 
 def test_compare_two_models_with_words_and_special_excluded(invoke, cli_minilm, tmp_path):
     plain = invoke("compare", SENTENCE, "--model-a", "toy", "--model-b", "minilm", "-o",
                    tmp_path / "a.png")
     assert plain.exit_code == 0, plain.output
-    assert "they do with --words --exclude-special" in plain.stderr
+    assert "aligned by word (difflib): 6 of 6 words of A" in plain.stderr
     result = invoke("compare", SENTENCE, "--model-a", "toy", "--model-b", "minilm", "--words",
                     "--exclude-special", "--format", "json", "-o", tmp_path / "b.png")
     assert result.exit_code == 0, result.output

@@ -86,10 +86,12 @@ def test_top_k_function_clamps_k(k):
 
 
 # ---------------------------------------------------------------- endless standard input
-def test_stdin_over_the_limit_is_refused(invoke, monkeypatch):
+def test_stdin_over_the_limit_is_refused(invoke, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ATTNVIZ_MAX_INPUT_MB", "0.001")  # 1048 bytes
     result = invoke("heatmap", "-", *TOY, "-o", "x.png", input="word " * 1000)
     _clean(result, 2, "ATTNVIZ_MAX_INPUT_MB", "1048")
+    assert not (tmp_path / "x.png").exists()
     small = invoke("top-k", "-", *TOY, "-l", "0", "--head", "0", "-f", "json",
                    input="word " * 200)
     _clean(small, 0)
@@ -97,7 +99,8 @@ def test_stdin_over_the_limit_is_refused(invoke, monkeypatch):
 
 
 @pytest.mark.parametrize("value", ["nan", "-1", "inf", "lots", "1e999"])
-def test_bad_input_limit_names_the_variable(invoke, monkeypatch, value):
+def test_bad_input_limit_names_the_variable(invoke, monkeypatch, tmp_path, value):
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ATTNVIZ_MAX_INPUT_MB", value)
     result = invoke("top-k", "-", *TOY, "-l", "0", "--head", "0", input="a b c")
     _clean(result, 2, "ATTNVIZ_MAX_INPUT_MB")

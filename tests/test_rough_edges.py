@@ -260,6 +260,26 @@ def test_missing_model_folder_says_so(invoke, tmp_path, monkeypatch, name):
     assert "Hub" not in result.stderr and "Repo id" not in result.stderr
 
 
+@pytest.mark.parametrize("field,value", [("num_hidden_layers", "x"),
+                                         ("num_attention_heads", [1, 2]),
+                                         ("hidden_size", None)])
+def test_a_config_with_wrong_field_types_is_a_load_error(invoke, tmp_path, monkeypatch, field,
+                                                         value):
+    import shutil
+
+    from attnviz.models.hf import bundled_model_path
+
+    folder = tmp_path / "bad-config"
+    shutil.copytree(bundled_model_path(), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config[field] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    result = invoke("top-k", "hi there", "--layer", "0", "--head", "0", "--model", str(folder))
+    assert result.exit_code in (1, 2), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Error:" in result.stderr and "Traceback" not in result.output
+
+
 def test_hub_ids_are_not_paths():
     for name in ("gpt2", "bert-base-uncased", "sentence-transformers/all-MiniLM-L6-v2",
                  "org/name.v2"):

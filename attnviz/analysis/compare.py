@@ -150,6 +150,7 @@ def align_words(words_a: list[str], words_b: list[str]) -> Alignment:
 
     Equal runs pair word by word; a replaced run pairs word by word too, as far as the shorter
     side goes (marked as differing); inserted, deleted and left-over words stay unpaired.
+    Texts without a word in common pair nothing.
     """
     matcher = difflib.SequenceMatcher(None, [w.lower() for w in words_a],
                                       [w.lower() for w in words_b], autojunk=False)
@@ -159,8 +160,10 @@ def align_words(words_a: list[str], words_b: list[str]) -> Alignment:
     differs: list[bool] = []
     unmatched_a: list[str] = []
     unmatched_b: list[str] = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        paired = min(i2 - i1, j2 - j1) if tag in ("equal", "replace") else 0
+    opcodes = matcher.get_opcodes()
+    shared = any(tag == "equal" for tag, *_ in opcodes)  # no word in common: nothing pairs
+    for tag, i1, i2, j1, j2 in opcodes:
+        paired = min(i2 - i1, j2 - j1) if shared and tag in ("equal", "replace") else 0
         for i, j in zip(range(i1, i1 + paired), range(j1, j1 + paired)):
             label, differ = _label(words_a[i], words_b[j])
             a.append(i)

@@ -30,6 +30,12 @@ BUNDLED_NAME = "minilm"
 # Errors transformers and huggingface_hub raise when a model cannot be found or read.
 _LOAD_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, RuntimeError,
                                                  TypeError, AttributeError, ImportError)
+try:  # transformers 5 validates config fields strictly (huggingface_hub's strict dataclasses)
+    from huggingface_hub.errors import StrictDataclassError
+
+    _LOAD_ERRORS += (StrictDataclassError,)
+except ImportError:  # pragma: no cover - older huggingface_hub
+    pass
 
 
 def bundled_model_path() -> Path:

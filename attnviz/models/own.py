@@ -189,6 +189,13 @@ class OwnModelSource(HFSource):
         """An in-memory model has no files to fingerprint: its captures are never cached."""
         return {"model": self.name, "object": id(self.owner), "dtype": str(self.dtype)}
 
+    def encode(self, text: str, pair: str | None, max_tokens: int | None,
+               truncate: bool = True) -> tuple[Any, list[str]]:
+        """:meth:`HFSource.encode`, and a check that the ids fit the model's vocabulary."""
+        enc, warnings = super().encode(text, pair, max_tokens, truncate)
+        _check_vocabulary(self.owner, self.tokenizer, enc["input_ids"])
+        return enc, warnings
+
 
 def _check_objects(model: Any, tokenizer: Any) -> None:
     if not hasattr(model, "config") or not callable(model):
@@ -208,15 +215,46 @@ def _check_objects(model: Any, tokenizer: Any) -> None:
 
 def _selection(value: str | int | Sequence[int] | None, size: int, what: str
                ) -> list[int] | None:
-    from attnviz.selection import parse_selection, resolve_index
+    """Sorted model indices of a selection (``"0,2-4"``, an index or a list of indices), as
+    the session reads them; ``None`` keeps all."""
+    from attnviz.selection import parse_selection
+    from attnviz.session import _selection_text
 
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return parse_selection(value, size, what)
-    if isinstance(value, int):
-        return [resolve_index(value, size, what)]
-    return [resolve_index(int(i), size, what) for i in value]
+    text = _selection_text(value, what)  # refuses floats, booleans, strings in lists, []
+    return None if text is None else parse_selection(text, size, what)
+
+
+def _check_placed(model: Any) -> None:
+    """Refuse a model whose weights were never loaded (still on the ``meta`` device)."""
+    if getattr(model, "hf_device_map", None):
+        return  # dispatched by Accelerate: offloaded weights sit on meta until their turn
+    parameters = getattr(model, "parameters", None)
+    if not callable(parameters):
+        return
+    for parameter in parameters():
+        if getattr(getattr(parameter, "device", None), "type", None) == "meta":
+            raise UsageError(
+                f"{type(model).__name__} has its weights on the meta device: they were never "
+                "loaded, so it cannot run",
+                "load the weights, e.g. AutoModel.from_pretrained(name), or "
+                "model.to_empty(device=\"cpu\") and load a state dict")
+
+
+def _check_vocabulary(model: Any, tokenizer: Any, ids: Any) -> None:
+    """Refuse token ids past the model's embedding table: the tokenizer is another model's."""
+    try:
+        embeddings = model.get_input_embeddings()
+        size = int(embeddings.num_embeddings)
+    except (AttributeError, NotImplementedError, TypeError, ValueError):
+        return
+    largest = int(ids.max()) if getattr(ids, "numel", lambda: 0)() else -1
+    if largest >= size:
+        raise UsageError(
+            f"the tokenizer does not match the model: it gives token id {largest}, but the "
+            f"model's vocabulary has {size} tokens (ids 0..{size - 1}); "
+            f"{type(tokenizer).__name__} has {len(tokenizer)} tokens",
+            "pass the tokenizer saved with the model: "
+            "AutoTokenizer.from_pretrained(<the model's name or folder>)")
 
 
 def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
@@ -245,16 +283,19 @@ def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
         The capture, weights ``[layer, head, query, key]`` in float32.
 
     Raises:
-        UsageError: not a model and tokenizer, or a layer/head out of range.
+        UsageError: not a model and tokenizer (or a tokenizer of another model), a model
+            whose weights are on the meta device, or a layer/head out of range.
         InputError: the text is empty or too long (with ``truncate=False``).
         ModelLoadError: the model cannot give attention weights (e.g. a fused kernel only).
     """
-    from attnviz.session import check_text
+    from attnviz.session import _check_max_tokens, check_text
 
     check_text(text)
     if pair is not None:
         check_text(pair, "the pair text")
+    _check_max_tokens(max_tokens)
     _check_objects(model, tokenizer)
+    _check_placed(model)
     with _lock_for(model), eager_attention(model) as before, eval_mode(model) as training:
         source = OwnModelSource(model, tokenizer, name=name)
         layer_list = _selection(layers, source.num_layers, "layer")
@@ -263,12 +304,17 @@ def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
             result = source.capture(text, pair, layers=layer_list, heads=head_list,
                                     max_tokens=max_tokens, truncate=truncate)
         except ModelLoadError as error:
-            if before not in (None, EAGER):
-                raise ModelLoadError(
-                    f"{error.message} (the model runs with {before!r} attention and was "
-                    "switched to eager for the capture)",
-                    "load it with attn_implementation=\"eager\"") from None
-            raise
+            switched = before not in (None, EAGER)
+            note = (f" (the model runs with {before!r} attention and was switched to eager "
+                    "for the capture)") if switched else ""
+            hint = error.hint
+            if error.message.startswith("the forward pass"):
+                # HFSource's hint names command-line flags; say what to do in Python instead.
+                hint = ("check that the model runs on this input by itself: "
+                        "model(**tokenizer(text, return_tensors=\"pt\").to(model.device))"
+                        + ("; if it fails only with eager attention, it cannot give its "
+                           "attention weights" if switched else ""))
+            raise ModelLoadError(f"{error.message}{note}", hint) from None
     meta = result.meta
     meta["source"] = "model object"
     meta["attn_implementation"] = before or EAGER

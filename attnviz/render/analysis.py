@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
 
 from attnviz.render.heatmap import (  # noqa: E402
     ANNOT_MAX_TOKENS,
@@ -42,6 +43,7 @@ from attnviz.render.heatmap import (  # noqa: E402
     ColourScale,
     ResolvedScale,
     _annotate,
+    _axis_label,
     _colourbar,
     _divider,
     _fraction,
@@ -173,16 +175,11 @@ class Panel:
     col_divider: int | None = None
 
 
-def _mark(ax: Axes, rows: Sequence[int], cols: Sequence[int], step_rows: int,
-          step_cols: int) -> None:
-    """Colour the tick labels of changed positions (only the labels that are drawn)."""
-    row_set, col_set = set(rows), set(cols)
-    for index, text in zip(range(0, 10**9, step_rows), ax.get_yticklabels()):
-        if index in row_set:
-            text.set_color(CHANGED_COLOUR)
-            text.set_fontweight("bold")
-    for index, text in zip(range(0, 10**9, step_cols), ax.get_xticklabels()):
-        if index in col_set:
+def _mark(labels: Sequence[Text], changed: Sequence[int], step: int) -> None:
+    """Colour the drawn labels (every ``step``-th position) of positions that changed."""
+    marked = set(changed)
+    for index, text in zip(range(0, 10**9, step), labels):
+        if index in marked:
             text.set_color(CHANGED_COLOUR)
             text.set_fontweight("bold")
 
@@ -260,14 +257,17 @@ def draw_comparison(a: np.ndarray | Panel, b: np.ndarray | Panel,
             else:
                 rgb, bins = colours.colours(panel.matrix, table)
                 ax.imshow(rgb, aspect="auto", interpolation="nearest")
-            _token_ticks(ax, list(panel.cols), step, LABEL_PT, "x")
-            _token_ticks(ax, list(panel.rows), step, LABEL_PT, "y")
-            ax.tick_params(length=0, pad=2)
-            _mark(ax, panel.changed_rows, panel.changed_cols, step, step)
+            ax.set_xlim(-0.5, num_key - 0.5)
+            ax.set_ylim(num_query - 0.5, -0.5)
+            _mark(_token_ticks(ax, list(panel.cols), step, LABEL_PT, "x"), panel.changed_cols,
+                  step)
+            _mark(_token_ticks(ax, list(panel.rows), step, LABEL_PT, "y"), panel.changed_rows,
+                  step)
             note = f"; every {_ordinal(step)} token labelled" if step > 1 else ""
-            ax.set_xlabel("key (attended to)" + note, fontsize=AXIS_PT)
+            _axis_label(ax, "key (attended to)" + note, "x", list(panel.cols)[::step], LABEL_PT)
             if number == 0:
-                ax.set_ylabel("query (attending)" + note, fontsize=AXIS_PT)
+                _axis_label(ax, "query (attending)" + note, "y", list(panel.rows)[::step],
+                            LABEL_PT)
             _divider(ax, panel.row_divider, "y")
             _divider(ax, panel.col_divider, "x")
             panel_width = max(num_key * cell + LABEL_IN, 1.5)

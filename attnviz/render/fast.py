@@ -74,15 +74,20 @@ class PngWriter:
     upscale becomes zeros. Such zero rows are not fed to zlib at all: one zero row is
     compressed once, into self-contained deflate blocks, and repeated; zlib (level 1) only
     sees the other rows, each run ended with a full flush so the pieces join into one valid
-    stream. A full flush makes a run's compressed bytes depend on that run alone, so a run of
-    rows equal to the one at the same rows of an earlier image (the labels beside and under a
-    heatmap, between the rows where its cells change) reuses its compressed bytes: the output
-    is byte for byte what compressing it again would give.
-    The filter buffer is kept between calls.
+    stream. A full flush makes a run's compressed bytes depend on that run alone. Runs also
+    break at fixed ``breaks`` (a figure's cell edges), so how an image is cut into runs
+    depends on that image alone; told which rows may have changed since the last image
+    (:meth:`encode`'s ``changed``), the writer reuses the compressed bytes of the runs that
+    did not (the labels beside and under a heatmap, between the rows where its cells change).
+    The bytes are the same as a fresh writer with the same ``breaks`` writes: deterministic
+    whatever came before. The filter buffer is kept between calls.
     """
 
-    def __init__(self, height: int, width: int, dpi: float = heatmap.DEFAULT_DPI) -> None:
+    def __init__(self, height: int, width: int, dpi: float = heatmap.DEFAULT_DPI,
+                 breaks: Sequence[int] | np.ndarray = ()) -> None:
         self.height, self.width = height, width
+        cuts = np.asarray(sorted({int(b) for b in breaks}), dtype=np.intp)
+        self._breaks = cuts[(cuts > 0) & (cuts < height)]
         self._raw = np.empty((height, width * 3 + 1), dtype=np.uint8)
         self._raw[:, 0] = 2  # filter type Up
         self._raw[0, 0] = 0  # the first row has no row above: filter None
@@ -94,11 +99,17 @@ class PngWriter:
         zero_row = bytes([2]) + bytes(width * 3)
         packer = zlib.compressobj(PNG_LEVEL, zlib.DEFLATED, -15)
         self._zero_row = packer.compress(zero_row) + packer.flush(zlib.Z_FULL_FLUSH)
-        self._runs: dict[tuple[int, int], tuple[bytes, bytes]] = {}  # rows -> (raw, deflated)
-        self._last: np.ndarray | None = None  # the last image's filtered rows
+        self._runs: dict[tuple[int, int], bytes] = {}  # the last image's runs: rows -> deflated
 
-    def encode(self, image: np.ndarray) -> bytes:
-        """PNG bytes of ``image`` ``[height, width, 3]`` uint8."""
+    def encode(self, image: np.ndarray, changed: np.ndarray | None = None) -> bytes:
+        """PNG bytes of ``image`` ``[height, width, 3]`` uint8.
+
+        Args:
+            image: the pixels.
+            changed: ``[height]`` bool, the rows whose filtered bytes (the row minus the row
+                above) may differ from the last image this writer encoded; every row not
+                marked must be equal. ``None``: every row may differ (nothing is reused).
+        """
         if image.shape != (self.height, self.width, 3) or image.dtype != np.uint8:
             raise ValueError(f"expected a ({self.height}, {self.width}, 3) uint8 image, "
                              f"got {image.shape} {image.dtype}")
@@ -108,14 +119,7 @@ class PngWriter:
         np.subtract(flat[1:], flat[:-1], out=raw[1:, 1:])  # wraps modulo 256, as PNG wants
         zero = np.asarray(~raw[:, 1:].any(axis=1), dtype=bool)
         zero[0] = False
-        # Runs also break where rows start or stop being equal to the last image's, so the
-        # rows that change (cell edges, the title) leave the others reusable.
-        if self._last is None:
-            same = np.zeros(self.height, dtype=bool)
-        else:
-            same = ~(raw != self._last).any(axis=1)
-        kind = zero.view(np.int8) * 2 + same.view(np.int8)
-        edges = np.flatnonzero(np.diff(kind)) + 1
+        edges = np.union1d(np.flatnonzero(np.diff(zero.view(np.int8))) + 1, self._breaks)
         starts = [0, *edges.tolist()]
         ends = [*edges.tolist(), self.height]
         row_bytes = raw.shape[1]
@@ -123,6 +127,7 @@ class PngWriter:
         packer = zlib.compressobj(PNG_LEVEL, zlib.DEFLATED, -15)  # raw deflate
         pieces = [b"\x78\x01"]  # zlib header: deflate, 32K window, fastest
         check_a, check_b = 1, 0  # Adler-32 of everything, kept by hand for the zero rows
+        last, runs = self._runs, {}
         for start, end in zip(starts, ends):
             if zero[start]:
                 rows = end - start
@@ -130,23 +135,19 @@ class PngWriter:
                 # Each row adds 2 (the filter byte) to A, then row_bytes times A to B.
                 check_b = (check_b + row_bytes * (rows * check_a + rows * (rows + 1))) % 65521
                 check_a = (check_a + 2 * rows) % 65521
-            else:
-                piece = data[start * row_bytes:end * row_bytes]
-                value = zlib.adler32(piece, (check_b << 16) | check_a)
-                check_a, check_b = value & 0xFFFF, value >> 16
-                known = self._runs.get((start, end))
-                if known is not None and known[0] == piece:
-                    pieces.append(known[1])
-                    continue
+                continue
+            piece = data[start * row_bytes:end * row_bytes]
+            value = zlib.adler32(piece, (check_b << 16) | check_a)
+            check_a, check_b = value & 0xFFFF, value >> 16
+            deflated = (None if changed is None or changed[start:end].any()
+                        else last.get((start, end)))
+            if deflated is None:
                 deflated = packer.compress(piece) + packer.flush(zlib.Z_FULL_FLUSH)
-                self._runs[(start, end)] = (bytes(piece), deflated)
-                pieces.append(deflated)
+            runs[(start, end)] = deflated
+            pieces.append(deflated)
+        self._runs = runs
         pieces.append(packer.flush(zlib.Z_FINISH))
         pieces.append(struct.pack(">I", (check_b << 16) | check_a))
-        if self._last is None:
-            self._last = raw.copy()
-        else:
-            self._last[...] = raw
         return self._head + _chunk(b"IDAT", b"".join(pieces)) + _chunk(b"IEND", b"")
 
 
@@ -182,6 +183,9 @@ class _Box:
     cell_cols: np.ndarray  # [key] pixel column of each cell centre (absolute)
     centre_x: np.ndarray  # [key] display x of each cell centre (float)
     centre_y: np.ndarray  # [query] display y of each cell centre (float)
+    edge_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.intp))
+    # ^ absolute rows whose filtered bytes follow the data: cell edges, overlay edges, the
+    #   first row and the row below the box (see FrameTemplate.png)
 
 
 def _extent(bbox: object) -> tuple[float, float, float, float]:
@@ -225,9 +229,17 @@ def _box_from_extent(extent: tuple[float, float, float, float], frame: np.ndarra
              else np.zeros_like(white))
     cell_x = x0 + (np.arange(num_key) + 0.5) * (x1 - x0) / num_key
     cell_y = y1 - (np.arange(num_query) + 0.5) * (y1 - y0) / num_query
+    # A row inside a cell repeats the row above, also where the frame draws over it, unless
+    # the overlay itself changes from that row to the next (a horizontal line).
+    overlay = (region[1:] != region[:-1]).any(axis=(1, 2))
+    if dark is not None:
+        overlay |= (dark[1:] != dark[:-1]).any(axis=(1, 2))
+    edges = np.union1d(np.flatnonzero(np.diff(rows, prepend=-1)), np.flatnonzero(overlay) + 1)
+    edge_rows = np.append(top + edges, bottom).astype(np.intp)
     return _Box(top, left, bottom, right, num_query, num_key, rows, cols, ring_rows, ring_cols,
                 white, under, cell_rows=(height - np.round(cell_y)).astype(np.intp),
-                cell_cols=np.round(cell_x).astype(np.intp), centre_x=cell_x, centre_y=cell_y)
+                cell_cols=np.round(cell_x).astype(np.intp), centre_x=cell_x, centre_y=cell_y,
+                edge_rows=edge_rows)
 
 
 @dataclass
@@ -456,6 +468,7 @@ class FrameTemplate:
     _buffer: np.ndarray | None = None
     _dirty: list[tuple[int, int, int, int]] = field(default_factory=list)
     _writer: PngWriter | None = None
+    _changed: np.ndarray | None = None  # rows changed since the last PNG (see png)
 
     @property
     def size(self) -> tuple[int, int]:
@@ -503,9 +516,15 @@ class FrameTemplate:
         if self._buffer is None:
             self._buffer = self.frame.copy()
         out = self._buffer
+        if self._changed is None:
+            self._changed = np.zeros(out.shape[0], dtype=bool)
+        changed = self._changed
         for top, left, bottom, right in self._dirty:  # undo the last texts and sprites
             out[top:bottom, left:right] = self.frame[top:bottom, left:right]
+            changed[top:bottom + 1] = True
         self._dirty = []
+        for box in self.boxes:  # inside a box only these rows can differ from the last image
+            changed[box.edge_rows[box.edge_rows < len(changed)]] = True
         arrays = [np.asarray(m, dtype=np.float32) for m in matrices]
         resolved = self.scale.resolve(arrays)
         for box, matrix in zip(self.boxes, arrays):
@@ -515,14 +534,22 @@ class FrameTemplate:
             self._stamp(out, slot, text, height)
         if title and self.title is not None:
             self._stamp(out, self.title, title, height)
+        for top, _, bottom, _ in self._dirty:  # the new texts and sprites
+            changed[top:bottom + 1] = True
         return out
 
     def png(self, matrices: Sequence[np.ndarray], title: str = "") -> bytes:
         """PNG bytes of :meth:`compose`."""
         image = self.compose(matrices, title)
         if self._writer is None:
-            self._writer = PngWriter(image.shape[0], image.shape[1], self.dpi)
-        return self._writer.encode(image)
+            breaks: np.ndarray = np.concatenate(
+                [np.concatenate([b.edge_rows, b.edge_rows + 1]) for b in self.boxes]
+                + [np.zeros(0, np.intp)])
+            self._writer = PngWriter(image.shape[0], image.shape[1], self.dpi, breaks)
+        # The rows that can differ from the last PNG: box edges, texts, cell values (every
+        # compose since then adds to them).
+        changed, self._changed = self._changed, None
+        return self._writer.encode(image, changed)
 
     def _stamp(self, out: np.ndarray, slot: _Slot, text: str, height: int) -> None:
         if text not in slot.stamps:
@@ -573,6 +600,8 @@ class FrameTemplate:
             channels[notes.channels] = _BLEND.take((rows + values_now).ravel())
             if not notes.inside:  # glyphs reach past the box: undo them before the next head
                 self._dirty.append(notes.rect)
+            elif self._changed is not None:  # cell values change the rows inside the cells
+                self._changed[notes.rect[0]:notes.rect[2] + 1] = True
 
     def _add_sprites(self, strings: Sequence[str]) -> None:
         notes = self.annotations
@@ -727,21 +756,23 @@ def grid_template(num_rows: int, num_cols: int, num_tokens: int, row_labels: Seq
             data, list(row_labels), list(col_labels), title=layout_title, cmap=cmap,
             tokens=list(tokens) if tokens is not None else None,
             key_tokens=list(key_tokens) if key_tokens is not None else None,
-            scale=colour_scale, dpi=dpi, row_divider=row_divider, col_divider=col_divider)
+            scale=colour_scale, dpi=dpi, row_divider=row_divider, col_divider=col_divider,
+            with_images=False)
         note = art.layout.note
         title = _Slot.of(art.title, wrap=art.layout.title_width)
         ticks = [_Slot.of(text) for text in art.ticks]
-        extents = [_extent(image.get_window_extent()) for image in art.images]
-        for image in art.images:
-            image.set_visible(False)
+        extents = art.extents
         for text in [art.title, *art.ticks]:
             text.set_text("")
         frame = _canvas_rgb(art.fig)
         black = None
         if row_divider is not None or col_divider is not None:
-            for image in art.images:
-                image.set_data(np.zeros((num_tokens, num_keys, 3), np.uint8))
-                image.set_visible(True)
+            from matplotlib.collections import PolyCollection
+
+            # Black where the panels go (as the images would be: no anti-aliased edge).
+            art.ax.add_collection(PolyCollection(art.panels, facecolors="black",
+                                                 edgecolors="none", antialiaseds=False,
+                                                 zorder=1))
             black = _canvas_rgb(art.fig)
         strings = frozenset(_figure_strings(art.fig))
         # A token that merely equals another label only costs a missed reuse.

@@ -35,10 +35,10 @@ matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.collections import LineCollection, PolyCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.font_manager import FontProperties  # noqa: E402
 from matplotlib.image import AxesImage  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from attnviz.errors import UsageError  # noqa: E402
@@ -852,11 +852,14 @@ class GridArtists:
     """The pieces of a grid figure that change between figures of one shape."""
 
     fig: Figure
-    images: list[AxesImage]  # in the order of the matrices (row-major)
+    images: list[AxesImage]  # in the order of the matrices (row-major); none for a frame
     title: Text
     ticks: list[Text]
     scale: ResolvedScale
     layout: GridLayout
+    ax: Axes
+    extents: list[tuple[float, float, float, float]]  # display (x0, y0, x1, y1) of each panel
+    panels: list[list[tuple[float, float]]]  # corners of each panel, in the grid axes' units
 
 
 def draw_grid_artists(matrices: np.ndarray, row_labels: Sequence[str],
@@ -866,8 +869,9 @@ def draw_grid_artists(matrices: np.ndarray, row_labels: Sequence[str],
                       scale: ColourScale | str | None = None, gamma: float | None = None,
                       vmax: str | float | None = DEFAULT_VMAX, dpi: float = DEFAULT_DPI,
                       row_divider: int | None = None, col_divider: int | None = None,
-                      label: str = "attention weight") -> GridArtists:
-    """:func:`draw_grid`, returning the artists."""
+                      label: str = "attention weight", with_images: bool = True) -> GridArtists:
+    """:func:`draw_grid`, returning the artists; ``with_images=False`` draws only the frame
+    (the fast renderer paints the panels itself)."""
     data = np.asarray(matrices, dtype=np.float32)
     num_rows, num_cols, num_query, num_key = data.shape
     colour_scale = _scale(scale, gamma, vmax)
@@ -891,31 +895,34 @@ def draw_grid_artists(matrices: np.ndarray, row_labels: Sequence[str],
         ax.set_xticks([])
         ax.set_yticks([])
         images = []
+        borders, lines = [], []
         for index, (r, c) in enumerate(flat):
             x0, y0, x1, y1 = layout.panel(index)
-            rgb, _ = resolved.colours(data[r, c], table)
-            images.append(ax.imshow(rgb, aspect="auto", interpolation="nearest",
-                                    extent=(x0, x1, y1, y0)))
-            ax.add_patch(Rectangle(
-                (x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor="black", linewidth=0.6,
-                zorder=4))
-            middle = min(max(row_divider or 0, 0), num_query)
-            if row_divider is not None and 0 < middle < num_query:
-                _divider(ax, row_divider, "y", start=y0, cell=layout.cell, span=(x0, x1),
-                         width=0.8)
+            if with_images:
+                rgb, _ = resolved.colours(data[r, c], table)
+                images.append(ax.imshow(rgb, aspect="auto", interpolation="nearest",
+                                        extent=(x0, x1, y1, y0)))
+            borders.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
+            if row_divider is not None and 0 < row_divider < num_query:
+                y = y0 + row_divider * layout.cell
+                lines.append([(x0, y), (x1, y)])
             if col_divider is not None and 0 < col_divider < num_key:
-                _divider(ax, col_divider, "x", start=x0, cell=layout.cell, span=(y0, y1),
-                         width=0.8)
-            if num_rows == 1:
+                x = x0 + col_divider * layout.cell
+                lines.append([(x, y0), (x, y1)])
+            if num_rows == 1 or r == 0:
                 ax.text((x0 + x1) / 2, y0 - 0.05, col_labels[c], ha="center", va="bottom",
                         fontsize=9, parse_math=False)
-            else:
-                if r == 0:
-                    ax.text((x0 + x1) / 2, y0 - 0.05, col_labels[c], ha="center", va="bottom",
-                            fontsize=9, parse_math=False)
-                if c == 0:
-                    ax.text(x0 - 0.1, (y0 + y1) / 2, row_labels[r], ha="right", va="center",
-                            fontsize=9, parse_math=False)
+            if num_rows > 1 and c == 0:
+                ax.text(x0 - 0.1, (y0 + y1) / 2, row_labels[r], ha="right", va="center",
+                        fontsize=9, parse_math=False)
+        # One artist for every border and divider: a grid of 72 heads stays cheap to draw.
+        ax.add_collection(PolyCollection(borders, facecolors="none", edgecolors="black",
+                                         linewidths=0.6, zorder=4))
+        if lines:
+            divider = LineCollection(lines, colors=DIVIDER_COLOUR, linewidths=0.8, zorder=3,
+                                     capstyle="butt")
+            divider.set_gid("pair-divider")
+            ax.add_collection(divider)
         ax.set_xlim(0.0, layout.grid[2])
         ax.set_ylim(layout.grid[3], 0.0)
         if labelled and tokens is not None and key_tokens is not None:
@@ -937,7 +944,12 @@ def draw_grid_artists(matrices: np.ndarray, row_labels: Sequence[str],
                                   va="top", fontsize=GRID_TITLE_PT)
         cax = fig.add_axes(_fraction(layout.colourbar, layout.width, layout.height))
         ticks = _colourbar(fig, cax, resolved, cmap, resolved.label(label))
-    return GridArtists(fig, images, title_text, ticks, resolved, layout)
+        extents = []
+        for index in range(len(flat)):
+            x0, y0, x1, y1 = layout.panel(index)
+            (left, top), (right, bottom) = ax.transData.transform([(x0, y0), (x1, y1)])
+            extents.append((float(left), float(bottom), float(right), float(top)))
+    return GridArtists(fig, images, title_text, ticks, resolved, layout, ax, extents, borders)
 
 
 def draw_grid(matrices: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str], *,

@@ -7,7 +7,7 @@ the report's own (pinned by its SHA-256), so even a token that looks like HTML c
 Layout of the embedded data (``<script type="application/json" id="attnviz-data">``)::
 
     {"format": "attnviz-report", "version": 1, "title": ..., "generator": "attnviz 0.1.0",
-     "initial": {"words": false, "special": true},
+     "initial": {"words": false, "special": true, and optionally "view", "layer", "heads"},
      "docs": [{"model", "text", "pair", "causal", "layers", "heads", "num_layers",
                "num_heads", "tokens", "display_tokens", "special", "word_ids",
                "words": {"groups", "labels", "special"} or null,
@@ -19,6 +19,12 @@ Weights are quantised linearly, ``q = round(w * (2**bits - 1))`` (8 bits: error 
 1/510 ~ 0.002; 16 bits: at most 1/131070 ~ 7.6e-6), compressed with zlib and base64-encoded;
 16-bit values are stored as two byte planes (all low bytes, then all high bytes), which
 compresses better. The browser decodes them with ``DecompressionStream``.
+
+One front end draws every view of this data: ``report.js`` defines ``attnvizMount(root, data,
+options)``. The standalone report inlines it as a classic script, which mounts itself on the
+page; the notebook widget (:mod:`attnviz.notebook`) and the live server load it as an ES module
+(:func:`report_module`) and mount it in a shadow root holding :func:`report_body` and
+:func:`report_style`, one per view.
 """
 
 from __future__ import annotations
