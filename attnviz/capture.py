@@ -240,19 +240,37 @@ class Capture:
 
         Raises:
             UsageError: shapes that disagree (layers, batch, tokens, mask), a batch index out
-                of range, ``None`` weights (a fused attention kernel), NaN or infinity.
+                of range, ``None`` weights (a fused attention kernel), arguments of the wrong
+                type, or weights that are not attention: NaN or infinity, negative values,
+                rows that do not sum to 1 (0 for a row with every key masked), weight above the
+                diagonal of a capture said to be ``causal``.
         """
+        import numbers
+
         import numpy as np
 
-        stacked = _stack_attentions(attentions, batch_index)  # [layer, head, query, key]
+        if isinstance(batch_index, bool) or not isinstance(batch_index, numbers.Integral):
+            raise UsageError(f"batch_index must be an integer (a row of the batch), not "
+                             f"{batch_index!r:.40}")
+        batch_index = int(batch_index)
+        _check_strings(model=model, text=text, pair=pair)
+        if meta is not None and not isinstance(meta, dict):
+            raise UsageError(f"meta must be a dict, not {type(meta).__name__}")
+        stacked, rows = _stack_attentions(attentions, batch_index)  # [layer, head, query, key]
         count_l, count_h, size, size_k = stacked.shape
         if size != size_k:
             raise UsageError(f"attention weights must be square over query and key, got "
                              f"{size}x{size_k}")
+        if size == 0:
+            raise UsageError("the attention weights cover no tokens (0 query and key positions)")
         keep = list(range(size))
         if attention_mask is not None:
             mask = _as_array(attention_mask)
             if mask.ndim == 2:
+                if rows is not None and mask.shape[0] != rows:
+                    raise UsageError(f"the attention mask has {mask.shape[0]} rows but the "
+                                     f"batch of weights has {rows}",
+                                     "pass the mask of the same batch ([batch, key])")
                 mask = mask[_row(batch_index, mask.shape[0], "attention_mask")]
             if mask.ndim != 1 or mask.shape[0] != size:
                 raise UsageError(f"the attention mask has shape {tuple(mask.shape)} but the "
@@ -274,30 +292,33 @@ class Capture:
         if not np.isfinite(weights).all():
             raise UsageError("the attention weights contain NaN or infinite values")
         flags = _special_flags(token_list, special, tokenizer, size, keep)
-        words = (list(word_ids) if word_ids is not None else guess_word_ids(token_list, flags))
+        words = (_word_ids(word_ids) if word_ids is not None
+                 else guess_word_ids(token_list, flags))
         if len(words) == size and size != len(keep):
             words = [words[i] for i in keep]
         if len(words) != len(token_list):
             raise UsageError(f"got {len(words)} word ids for {len(token_list)} tokens")
-        layer_list = list(range(count_l)) if layers is None else [int(i) for i in layers]
-        head_list = list(range(count_h)) if heads is None else [int(i) for i in heads]
+        layer_list = _indices(layers, count_l, "layers")
+        head_list = _indices(heads, count_h, "heads")
         if len(layer_list) != count_l or len(head_list) != count_h:
             raise UsageError(f"layers/heads name {len(layer_list)} layers and {len(head_list)} "
                              f"heads but the weights hold {count_l} and {count_h}")
-        total_l = num_layers if num_layers is not None else max(layer_list) + 1
-        total_h = num_heads if num_heads is not None else max(head_list) + 1
+        total_l = _count(num_layers, "num_layers", max(layer_list) + 1)
+        total_h = _count(num_heads, "num_heads", max(head_list) + 1)
         if any(not 0 <= i < total_l for i in layer_list) or any(
                 not 0 <= i < total_h for i in head_list):
             raise UsageError("layer or head indices outside 0..num_layers-1 / 0..num_heads-1")
         if causal is None:
             upper = np.triu(np.ones((len(keep), len(keep)), dtype=bool), 1)
             causal = len(keep) > 1 and not bool(weights[:, :, upper].any())
+        try:  # what load_capture checks, so that a saved capture loads back
+            _check_weights(weights, layer_list, head_list, bool(causal))
+        except _Invalid as exc:
+            raise UsageError(f"these are not attention weights: {exc}",
+                             "pass post-softmax weights (outputs.attentions of a run with "
+                             "output_attentions=True) and, for a padded batch, the "
+                             "attention_mask that run used") from None
         info: dict[str, Any] = {"source": "attentions", "warnings": []}
-        sums = weights.sum(axis=-1, dtype=np.float64)
-        if sums.size and float(np.abs(sums - 1.0).max()) > 1e-3:
-            info["warnings"].append(
-                f"rows sum to {float(sums.min()):.4f}..{float(sums.max()):.4f}, not 1: are "
-                "these post-softmax weights, with the mask of this batch?")
         info.update(meta or {})
         if text is None:
             shown = [t for t, s in zip(token_list, flags) if not s]
@@ -428,10 +449,64 @@ def _row(index: int, size: int, what: str) -> int:
     return index % size
 
 
-def _stack_attentions(attentions: Any, batch_index: int) -> np.ndarray:
-    """``[layer, head, query, key]`` of one batch row from per-layer or stacked weights."""
+def _check_strings(**values: Any) -> None:
+    """``model`` must be a non-empty string; ``text`` and ``pair`` strings or ``None``."""
+    for name, value in values.items():
+        if value is None and name != "model":
+            continue
+        if not isinstance(value, str) or (name == "model" and not value.strip()):
+            raise UsageError(f"{name} must be a {'non-empty ' if name == 'model' else ''}"
+                             f"string, not {value!r:.40}")
+
+
+def _whole(value: Any) -> bool:
+    import numbers
+
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _indices(values: Sequence[int] | None, count: int, name: str) -> list[int]:
+    """``layers``/``heads`` of :meth:`Capture.from_attentions`: distinct whole numbers."""
+    if values is None:
+        return list(range(count))
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise UsageError(f"{name} must be a list of indices, not {type(values).__name__}")
+    items = list(values)
+    if not all(_whole(i) for i in items):
+        raise UsageError(f"{name} must hold whole numbers, not {items!r:.60}")
+    result = [int(i) for i in items]
+    repeated = sorted({i for i in result if result.count(i) > 1})
+    if repeated:
+        raise UsageError(f"{name} lists {name[:-1]} {repeated[0]} twice",
+                         f"give each {name[:-1]} of the weights once, in order")
+    return result
+
+
+def _count(value: int | None, name: str, default: int) -> int:
+    if value is None:
+        return default
+    if not _whole(value) or value < 1:
+        raise UsageError(f"{name} must be a whole number of at least 1, not {value!r:.40}")
+    return int(value)
+
+
+def _word_ids(values: Any) -> list[int | None]:
+    items = list(values)
+    for item in items:
+        if item is not None and (not _whole(item) or item < 0):
+            raise UsageError(f"word ids must be whole numbers from 0 (None for special "
+                             f"tokens), not {item!r:.40}")
+    return [None if item is None else int(item) for item in items]
+
+
+def _stack_attentions(attentions: Any, batch_index: int) -> tuple[np.ndarray, int | None]:
+    """``[layer, head, query, key]`` of one batch row from per-layer or stacked weights, and
+    the number of rows in the batch (``None`` for unbatched weights)."""
     import numpy as np
 
+    if not isinstance(attentions, (list, tuple)) and not hasattr(attentions, "shape") and (
+            hasattr(attentions, "__iter__") and not isinstance(attentions, (str, bytes, dict))):
+        attentions = list(attentions)  # a generator of layers
     if isinstance(attentions, (list, tuple)):
         if not attentions:
             raise UsageError("no attention weights: the sequence of layers is empty (a model "
@@ -448,32 +523,47 @@ def _stack_attentions(attentions: Any, batch_index: int) -> np.ndarray:
     shapes = {tuple(a.shape) for a in layers}
     if len(shapes) != 1:
         raise UsageError(f"the layers' weights differ in shape: {sorted(shapes)}")
+    kinds = {a.dtype.kind for a in layers}
+    if not kinds <= {"f", "i", "u"}:
+        raise UsageError(f"attention weights must be real numbers, got {layers[0].dtype} "
+                         "values", "pass the float weights of outputs.attentions")
     first = layers[0]
+    rows = None
     if first.ndim == 4:
-        row = _row(batch_index, first.shape[0], "the batch")
+        rows = int(first.shape[0])
+        row = _row(batch_index, rows, "the batch")
         layers = [a[row] for a in layers]
     elif first.ndim != 3:
         raise UsageError(f"expected [batch, head, query, key] per layer, got shape "
                          f"{tuple(first.shape)}")
-    return np.stack([np.asarray(a, dtype=np.float32) for a in layers])
+    return np.stack([np.asarray(a, dtype=np.float32) for a in layers]), rows
 
 
 def _token_row(tokens: Any, batch_index: int, tokenizer: Any) -> list[str]:
     """One row of tokens as strings (ids are converted with the tokenizer)."""
+    example = "e.g. tokenizer.convert_ids_to_tokens(inputs['input_ids'][0])"
     if hasattr(tokens, "tolist"):
         tokens = tokens.tolist()
     if isinstance(tokens, str):
-        raise UsageError("tokens must be a list of tokens, not one string",
-                         "e.g. tokenizer.convert_ids_to_tokens(inputs['input_ids'][0])")
+        raise UsageError("tokens must be a list of tokens, not one string", example)
+    if isinstance(tokens, (bytes, dict)) or not hasattr(tokens, "__iter__"):
+        raise UsageError(f"tokens must be a list of token strings (or ids with tokenizer=), "
+                         f"not {type(tokens).__name__}", example)
     items = list(tokens)
     if items and isinstance(items[0], (list, tuple)):
         items = list(items[_row(batch_index, len(items), "tokens")])
     if items and not isinstance(items[0], str):
+        if not all(_whole(i) for i in items):
+            raise UsageError(f"tokens must be strings, or token ids with tokenizer=, not "
+                             f"{items[0]!r:.40}", example)
         if tokenizer is None:
             raise UsageError("tokens are ids: pass tokenizer= to turn them into tokens",
                              "or pass tokenizer.convert_ids_to_tokens(ids)")
         items = list(tokenizer.convert_ids_to_tokens([int(i) for i in items]))
-    return [str(t) for t in items]
+    if not all(isinstance(t, str) for t in items):
+        raise UsageError("tokens must all be strings (or all token ids with tokenizer=)",
+                         example)
+    return list(items)
 
 
 # Spellings of special tokens: [CLS], <|endoftext|>, <s>, </s>, <pad>.
@@ -487,7 +577,11 @@ def _looks_special(token: str) -> bool:
 def _special_flags(tokens: list[str], special: Sequence[bool] | None, tokenizer: Any,
                    size: int, keep: list[int]) -> list[bool]:
     if special is not None:
-        flags = [bool(s) for s in special]
+        items = list(special)
+        if not all(isinstance(s, bool) or (_whole(s) and s in (0, 1))
+                   or type(s).__name__ == "bool_" for s in items):
+            raise UsageError("special must hold True/False per token (or 1/0)")
+        flags = [bool(s) for s in items]
         if len(flags) == size and size != len(keep):
             flags = [flags[i] for i in keep]
         if len(flags) != len(tokens):

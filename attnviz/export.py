@@ -100,11 +100,13 @@ def read_input(path: Path | str, stream: IO[bytes] | None = None) -> Iterator[Ex
 
     A file whose first non-blank line starts with ``{`` is JSONL: each line an object with
     ``text`` and optional ``pair`` and ``id``. Otherwise each line is one text. Blank lines
-    come back as ``blank`` items; unreadable lines as items with an ``error``. The file is
-    opened now and read lazily, so any size works.
+    come back as ``blank`` items; unreadable lines (not UTF-8, not JSON, longer than 1 MiB) as
+    items with an ``error``. The file is opened now and read lazily in bounded pieces, so any
+    size works, and a pipe or device does too.
 
     Raises:
-        InputError: the file cannot be opened.
+        InputError: the file cannot be opened (missing, a folder); while reading, a line with
+            no end in 64 MiB (``/dev/zero``).
     """
     import sys
 
@@ -301,7 +303,8 @@ class ExportOptions:
         top_k: keys per query in ``topk.csv``.
         figures: which figures to draw: any of ``heads``, ``layers``, ``overview``.
         jobs: worker processes; ``None``: chosen by the input's size (:func:`jobs_for`: 1
-            for a few texts, else up to the number of cores); 1 draws in this process.
+            for a few texts, else up to the number of cores); 1 draws in this process; at
+            most :func:`max_jobs`.
         force: redraw everything, even what an earlier run finished.
         batch_size: texts per forward pass of the model (padded batches; 1: one by one).
         html: also write ``report.html``, the interactive report of every exported text.

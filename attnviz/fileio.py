@@ -601,6 +601,9 @@ class FolderLock:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError as exc:
+                    if exc.errno in _NO_LOCKS:  # a file system without locks: go on unlocked
+                        self._fd = fd
+                        return
                     owner = _read_pid(fd)
                     os.close(fd)
                     if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
@@ -645,6 +648,10 @@ class FolderLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+_NO_LOCKS = {getattr(errno, name) for name in ("ENOLCK", "EOPNOTSUPP", "ENOTSUP", "ENOSYS")
+             if hasattr(errno, name)}
 
 
 def _read_pid(fd: int) -> int | None:

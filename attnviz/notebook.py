@@ -114,21 +114,54 @@ def _check_size(capture: Capture, limit: int, what: str) -> None:
             "tokens with max_tokens=")
 
 
+def _check_capture(capture: Any) -> None:
+    from attnviz.capture import Capture
+
+    if not isinstance(capture, Capture):
+        raise UsageError(f"attnviz.show needs a Capture, not {type(capture).__name__}",
+                         "make one with attnviz.capture_text(text), attnviz.capture(model, "
+                         "tokenizer, text), Capture.from_attentions(...) or load_capture(path)")
+
+
+def _index(value: Any, what: str) -> int:
+    """A layer or head index given from Python: a whole number (numpy integers too)."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise UsageError(f"{what} must be a whole number such as 3 or -1, not {value!r:.40}")
+    return int(value)
+
+
 def _selection(capture: Capture, view: str, layer: int | None, head: int | None,
-               heads: Sequence[int] | None) -> dict[str, Any]:
+               heads: Sequence[int] | str | int | None) -> dict[str, Any]:
     if view not in VIEWS:
         raise UsageError(f"unknown view {view!r}: expected one of {', '.join(VIEWS)}")
     if head is not None and heads is not None:
         raise UsageError("give head= or heads=, not both")
-    chosen_layer = capture.layers[capture.layer_position(layer)] if layer is not None else (
-        capture.layers[0])
+    chosen_layer = (capture.layers[capture.layer_position(_index(layer, "layer"))]
+                    if layer is not None else capture.layers[0])
     if head is not None:
-        chosen_heads = [capture.heads[capture.head_position(head)]]
+        chosen_heads = [capture.heads[capture.head_position(_index(head, "head"))]]
     elif heads is not None:
-        chosen_heads = sorted({capture.heads[capture.head_position(h)] for h in heads})
+        if isinstance(heads, str):  # "0,2-4", as the command line and capture_text take it
+            from attnviz.selection import parse_selection
+
+            picked = parse_selection(heads, capture.num_heads, "head")
+        elif hasattr(heads, "__iter__"):
+            picked = [_index(h, "head") for h in heads]
+        else:
+            picked = [_index(heads, "heads")]
+        chosen_heads = sorted({capture.heads[capture.head_position(h)] for h in picked})
     else:
         chosen_heads = list(capture.heads)
     return {"view": view, "layer": chosen_layer, "heads": chosen_heads}
+
+
+def _check_precision(precision: Any) -> None:
+    if isinstance(precision, bool) or precision not in (8, 16) or not isinstance(
+            precision, int):
+        raise UsageError(f"precision must be 8 or 16 (bits per weight), not {precision!r:.40}",
+                         "8: error at most 0.002, the smallest data; 16: error at most 7.63e-6")
 
 
 def _frame_height(capture: Capture) -> int:
@@ -150,7 +183,7 @@ def iframe(document: str, *, height: int, title: str = "attnviz report") -> str:
 
 
 def static_html(capture: Capture, *, view: str = "head", layer: int | None = None,
-                head: int | None = None, heads: Sequence[int] | None = None,
+                head: int | None = None, heads: Sequence[int] | str | int | None = None,
                 words: bool = False, exclude_special: bool = False, precision: int = 8,
                 title: str | None = None, height: int | None = None) -> str:
     """The static fallback: the self-contained report of ``capture`` in an iframe.
@@ -160,6 +193,8 @@ def static_html(capture: Capture, *, view: str = "head", layer: int | None = Non
     """
     from attnviz.render.html import build_report, default_title
 
+    _check_capture(capture)
+    _check_precision(precision)
     _check_size(capture, MAX_VIEW_WEIGHTS, "an inline view")
     title = title or default_title([capture])
     document = build_report([capture], title=title, precision=precision, words=words,
@@ -207,11 +242,13 @@ class AttentionView(anywidget.AnyWidget):
     special = traitlets.Bool(True).tag(sync=True)
 
     def __init__(self, capture: Capture, *, view: str = "head", layer: int | None = None,
-                 head: int | None = None, heads: Sequence[int] | None = None,
+                 head: int | None = None, heads: Sequence[int] | str | int | None = None,
                  words: bool = False, exclude_special: bool = False, precision: int = 8,
                  title: str | None = None) -> None:
         from attnviz.render.html import report_data
 
+        _check_capture(capture)
+        _check_precision(precision)
         _check_size(capture, MAX_VIEW_WEIGHTS, "an inline view")
         selection = _selection(capture, view, layer, head, heads)
         self._capture = capture
@@ -332,8 +369,8 @@ def preview_page(views: Sequence[AttentionView], captions: Sequence[str] | None 
 
 
 def show(capture: Capture, view: str = "head", *, layer: int | None = None,
-         head: int | None = None, heads: Sequence[int] | None = None, words: bool = False,
-         exclude_special: bool = False, precision: int = 8,
+         head: int | None = None, heads: Sequence[int] | str | int | None = None,
+         words: bool = False, exclude_special: bool = False, precision: int = 8,
          title: str | None = None) -> AttentionView:
     """Show a capture inline in a notebook: the report's views, interactive.
 
@@ -342,9 +379,10 @@ def show(capture: Capture, view: str = "head", *, layer: int | None = None,
             :meth:`~attnviz.capture.Capture.from_attentions` or a saved dump).
         view: ``head`` (lines between tokens), ``model`` (every layer and head),
             ``heatmap`` or ``stats`` (head statistics).
-        layer: the layer to open on; ``head`` one head, or ``heads`` several.
+        layer: the layer to open on; ``head`` one head, or ``heads`` several (a list, one
+            index, or a selection such as ``"0,2-4"``). Negative indices count from the end.
         words: merge subword tokens into words; ``exclude_special`` hide special tokens.
-        precision: bits per weight in the view's data (8: error <= 0.002; 16: <= 1e-5).
+        precision: bits per weight in the view's data (8: error <= 0.002; 16: <= 7.63e-6).
         title: the heading; default names the model and text.
 
     Returns:
@@ -352,8 +390,9 @@ def show(capture: Capture, view: str = "head", *, layer: int | None = None,
         be set from Python.
 
     Raises:
-        UsageError: an unknown view, a layer or head not in the capture, or a capture too large
-            to embed (the message says how to select a part).
+        UsageError: not a capture, an unknown view, a layer or head not in the capture (or not
+            a whole number), a precision other than 8 or 16, or a capture too large to embed
+            (the message says how to select a part).
     """
     return AttentionView(capture, view=view, layer=layer, head=head, heads=heads, words=words,
                          exclude_special=exclude_special, precision=precision, title=title)

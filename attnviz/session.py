@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from attnviz.errors import AttnvizError, InputError, UsageError
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from attnviz.models import AttentionSource, ModelShape, ModelSpec
 
 Warn = Callable[[str], None]
-Selection = str | Sequence[int] | None
+Selection = str | int | Sequence[int] | None
 
 _SPEC_KEYS = ("revision", "trust_remote_code", "device", "dtype", "toy", "device_map",
               "max_memory")
@@ -77,10 +77,10 @@ def _toy_config(value: Any) -> Any:
         raise UsageError(f"unknown toy setting(s): {', '.join(unknown)}",
                          f"the toy model's settings are {', '.join(fields)}")
     for name, item in value.items():
-        wanted = bool if name in ("causal", "scale") else int
-        if not isinstance(item, wanted) or (wanted is int and isinstance(item, bool)):
-            raise UsageError(f"toy setting {name} must be {'true or false' if wanted is bool else 'a whole number'}, "
-                             f"not {item!r:.40}")
+        flag = name in ("causal", "scale")
+        if isinstance(item, bool) != flag or not isinstance(item, int):
+            raise UsageError(f"toy setting {name} must be "
+                             f"{'True or False' if flag else 'a whole number'}, not {item!r:.40}")
     return ToyConfig(**value)
 
 
@@ -102,8 +102,7 @@ def _selection_text(selection: Selection, what: str = "layer") -> str | None:
     example = f"e.g. {what}s=\"0,2-4\", {what}s=-1 or {what}s=[0, 3]"
     if isinstance(selection, numbers.Integral) and not isinstance(selection, bool):
         return str(int(selection))
-    if isinstance(selection, (bool, float, bytes, dict, set)) or not hasattr(selection,
-                                                                              "__iter__"):
+    if isinstance(selection, (bool, bytes, dict)) or not isinstance(selection, Iterable):
         raise UsageError(f"{what}s must be a selection such as \"0,2-4\", an index or a list "
                          f"of indices, not {type(selection).__name__}", example)
     items = list(selection)
@@ -198,6 +197,10 @@ class Session:
         if source is not None:
             self._models.move_to_end(key)
         return source
+
+    def is_loading(self, model: str | ModelSpec | None = None, **options: Any) -> bool:
+        """Whether the model is being loaded right now (by another thread)."""
+        return spec_key(make_spec(model, **options)) in self._loading
 
     def is_loaded(self, model: str | ModelSpec | None = None, **options: Any) -> bool:
         """Whether the model is warm in this session."""
@@ -462,7 +465,8 @@ def _text_pairs(texts: Any) -> list[tuple[str, str | None]]:
     """``(text, pair)`` tuples from a list of texts, each a string or a ``(text, pair)``."""
     if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
         raise UsageError(f"captures() takes a list of texts, not {type(texts).__name__}",
-                         "e.g. session.captures([\"The cat sat\", (\"A question\", \"an answer\")])")
+                         "e.g. session.captures([\"The cat sat\", (\"A question\", "
+                         "\"an answer\")])")
     pairs: list[tuple[str, str | None]] = []
     for item in texts:
         if isinstance(item, str):

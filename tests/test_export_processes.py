@@ -179,6 +179,7 @@ def test_attention_file_truncated_while_drawing(tmp_path: Path) -> None:
         capture = sys.modules["attnviz.capture"]  # attnviz.capture is also a function
         from attnviz.export import ExportItem, ExportOptions, export_items
         from attnviz.models import ModelSpec
+        from attnviz.models.toy import ToyConfig
 
         real = capture.load_capture
         state = {{"armed": False}}
@@ -199,8 +200,10 @@ def test_attention_file_truncated_while_drawing(tmp_path: Path) -> None:
             return real_render(task, *args, **kwargs)
 
         export_module.render_task = render
-        summary = export_items([ExportItem(text="a b c d", origin="TEXT 1")], {str(out)!r},
-                               ExportOptions(jobs=1), spec=ModelSpec(name="toy"))
+        text = " ".join(f"word{{i}}" for i in range(60))  # 4 x 4 x 60 x 60 floats: 56 pages
+        spec = ModelSpec(name="toy", toy=ToyConfig(layers=4, heads=4))
+        summary = export_items([ExportItem(text=text, origin="TEXT 1")], {str(out)!r},
+                               ExportOptions(jobs=1, figures=("heads",)), spec=spec)
         print("DONE", summary.exported, summary.failed)
     """)
     process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

@@ -250,5 +250,6 @@ def test_from_attentions_refuses_what_does_not_fit() -> None:
         Capture.from_attentions(good, "a b c d")
     with pytest.raises(UsageError, match="NaN"):
         Capture.from_attentions([np.full((1, 2, 4, 4), np.nan)], tokens)
-    odd = Capture.from_attentions([np.full((1, 2, 4, 4), 0.5, dtype=np.float32)], tokens)
-    assert "not 1" in odd.meta["warnings"][0]
+    # Rows that do not sum to 1 would save a capture that load_capture refuses.
+    with pytest.raises(UsageError, match="must sum to 1"):
+        Capture.from_attentions([np.full((1, 2, 4, 4), 0.5, dtype=np.float32)], tokens)

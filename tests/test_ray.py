@@ -242,6 +242,40 @@ def test_engine_options_are_checked(invoke, local_ray, corpus_file: Path,
     assert jobs.exit_code == 2 and "use --workers" in jobs.output
 
 
+def test_an_error_every_text_would_hit_stops_the_run(invoke, local_ray, corpus_file: Path,
+                                                      tmp_path: Path) -> None:
+    """A selection the model does not have fails on the workers; the driver stops with the
+    local engine's message and exit code."""
+    for args in (("heads", "--input", corpus_file),
+                 ("export", "--input", corpus_file, "-o", tmp_path / "out")):
+        local = invoke(*args, *TOY, "--layers", "5")
+        ray = invoke(*args, *TOY, "--layers", "5", "--engine", "ray", "--workers", "2")
+        assert local.exit_code == ray.exit_code == 2, ray.output
+        assert "Traceback" not in ray.output
+        message = next(line for line in local.stderr.splitlines() if line.startswith("Error:"))
+        assert "layer 5" in message and message in ray.stderr
+
+
+def test_ray_options_bounds_and_addresses() -> None:
+    """The library checks what the CLI checks, with messages that name the limits."""
+    from attnviz.engine import RayOptions
+    from attnviz.engine.ray_cluster import _check_reachable
+    from attnviz.errors import AttnvizError, UsageError
+
+    for options, message in [(RayOptions(workers=0), "use 1 to 1024"),
+                             (RayOptions(batch_size=4096), "use 1 to 1024"),
+                             (RayOptions(gpus_per_worker=-1), "use 0 to 8"),
+                             (RayOptions(gpus_per_worker=2.5), "whole GPUs only"),
+                             (RayOptions(address=" "), "--ray-address is empty")]:
+        with pytest.raises(UsageError, match=message):
+            options.check()
+    RayOptions(workers=1024, batch_size=1024, gpus_per_worker=0.25).check()
+    with pytest.raises(UsageError, match="not an address"):
+        _check_reachable("nonsense", "--ray-address")
+    with pytest.raises(AttnvizError, match="cannot reach the Ray cluster at 127.0.0.1:1"):
+        _check_reachable("127.0.0.1:1", "--ray-address", timeout=2)
+
+
 def test_without_ray_installed_the_error_says_how_to_install(
         invoke, corpus_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError

@@ -33,8 +33,12 @@ from attnviz.models import ModelSpec
 from attnviz.models.toy import ToyConfig, ToySource
 from attnviz.render.html import decode_weights
 from attnviz.server.app import LOCAL_HOSTS, create_app
-from attnviz.server.client import RemoteSession, ServerError, capture_from_payload, \
-    parse_server_url
+from attnviz.server.client import (
+    RemoteSession,
+    ServerError,
+    capture_from_payload,
+    parse_server_url,
+)
 from attnviz.server.engine import Limits
 from attnviz.session import Session
 
@@ -148,8 +152,11 @@ def test_from_attentions_numpy_batch_index_and_a_generator() -> None:
     ({"heads": [0, 1, 2.5]}, "whole numbers"),
     ({"attentions": [a.astype(np.complex64) for a in ATT]}, "real numbers"),
     ({"attentions": [np.full((1, 1, 4, 4), "x")]}, "real numbers"),
-    ({"attentions": [-a for a in ATT]}, "between 0 and 1"),
-    ({"attentions": [a * 4 for a in ATT]}, "between 0 and 1"),
+    ({"attentions": [-a for a in ATT]}, "negative"),
+    ({"attentions": [a * 4 for a in ATT]}, "must sum to 1"),
+    ({"attention_mask": np.array([[1, 1, 1, 0], [1, 1, 1, 1]])}, "must sum to 1"),
+    ({"causal": True}, "later key"),
+    ({"num_layers": 0}, "num_layers"),
     ({"tokens": None}, "tokens"),
     ({"tokens": 5}, "tokens"),
     ({"meta": [("a", 1)]}, "meta"),
@@ -351,7 +358,7 @@ def test_quantised_real_attention_is_within_the_documented_error(patched_minilm_
                                                                  minilm: Any) -> None:
     client = TestClient(patched_minilm_app, base_url=BASE)
     local = minilm.capture(SENTENCE, "A dog barked")
-    for fmt, bound in (("q8", 0.002), ("q16", 7.6e-6)):
+    for fmt, bound in (("q8", 0.00197), ("q16", 7.63e-6)):  # 1/510 and 1/131070, as in README
         payload = client.post("/api/capture", json={"text": SENTENCE, "pair": "A dog barked",
                                                     "weights": fmt}).json()
         error = np.abs(decode_weights(payload["weights"]) - local.weights).max()
@@ -391,6 +398,30 @@ def test_other_models_answer_while_one_loads(slow_model: dict[str, Any]) -> None
     assert box["result"].status_code == 200
 
 
+def test_a_load_past_the_timeout_says_the_model_is_loading(slow_model: dict[str, Any]
+                                                           ) -> None:
+    client = TestClient(create_app(["slow"], limits=Limits(timeout_s=0.5)), base_url=BASE)
+    error = _error(client.post("/api/capture", json={"text": SENTENCE}), 503)
+    assert "still loading" in error["message"]
+    slow_model["release"].set()
+    deadline = time.monotonic() + 20
+    while client.post("/api/capture", json={"text": SENTENCE}).status_code != 200:
+        assert time.monotonic() < deadline, "the model never finished loading"
+        time.sleep(0.05)
+    assert slow_model["loads"].count("slow") == 1
+
+
+def test_load_errors_are_kept_for_served_models_only(tmp_path: Path) -> None:
+    app = create_app(["toy"], allow_any_model=True)
+    client = TestClient(app, base_url=BASE)
+    for i in range(3):
+        name = str(tmp_path / f"missing-{i}")
+        assert _error(client.post("/api/capture", json={"text": "hi", "model": name}),
+                      500)["type"] == "ModelLoadError"
+    assert app.state.engine.load_errors == {}
+    assert app.state.engine.session._loading == {}
+
+
 def test_a_model_that_fails_to_load_can_be_retried(tmp_path: Path, tiny_gpt2_dir: Path
                                                    ) -> None:
     later = tmp_path / "model-later"
@@ -416,7 +447,8 @@ def test_every_loopback_address_serve_prints_is_answered(host: str) -> None:
 
     allowed = _allowed_hosts(host)
     assert allowed is not None and set(LOCAL_HOSTS) <= set(allowed)
-    url = _address(host.strip("[]"), 8000, None)[0]
+    url = _address(host, 8000, None)[0]
+    assert "[[" not in url
     client = TestClient(create_app(["toy"], allowed_hosts=allowed), base_url=url)
     assert client.get("/api/health").status_code == 200
     other = TestClient(create_app(["toy"], allowed_hosts=allowed),
@@ -482,7 +514,8 @@ def fake_servers() -> Iterator[list[Any]]:
         server.seen = []
         server.answer = lambda path: (200, b"{}", [("content-type", "application/json")])
         server.url = f"http://127.0.0.1:{server.server_address[1]}"
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
         servers.append(server)
     yield servers
     for server in servers:
@@ -525,6 +558,15 @@ def test_a_garbage_answer_is_a_server_error(fake_servers: list[Any], body: bytes
         RemoteSession(fake_servers[0].url).capture(SENTENCE, model="toy")
 
 
+def test_an_answer_past_the_size_bound(fake_servers: list[Any]) -> None:
+    fake_servers[0].answer = lambda path: _model_answer(path) or (
+        200, b'{"pad": "' + b"x" * 3000 + b'"}', [("content-type", "application/json")])
+    remote = RemoteSession(fake_servers[0].url)
+    remote.max_answer_bytes = 2000
+    with pytest.raises(ServerError, match="larger than 2,000 bytes"):
+        remote.capture(SENTENCE, model="toy")
+
+
 def test_a_server_message_cannot_drive_the_terminal(fake_servers: list[Any]) -> None:
     message = "\x1b[2J\x1b]0;pwned\x07bad \u202e" + "y" * 100_000
     answer = json.dumps({"error": {"type": "UsageError", "message": message,
@@ -535,7 +577,8 @@ def test_a_server_message_cannot_drive_the_terminal(fake_servers: list[Any]) -> 
         RemoteSession(fake_servers[0].url).capture(SENTENCE, model="toy")
     shown = str(caught.value)
     assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
-    assert shown.startswith("bad") and len(caught.value.message) <= 1000
+    assert shown.startswith("[2J]0;pwnedbad ")  # printable text stays, the escapes go
+    assert len(caught.value.message) <= 1000 and caught.value.message.endswith("...")
     assert caught.value.hint == "[31mred"
 
 

@@ -573,7 +573,7 @@ def test_serve_refuses_a_busy_port_and_a_bad_host(invoke: Any) -> None:
         busy.listen(1)
         port = busy.getsockname()[1]
         result = invoke("serve", "--model", "toy", "--port", str(port))
-    assert result.exit_code == 2 and f"port {port} on 127.0.0.1 is in use" in result.stderr
+    assert result.exit_code == 1 and f"port {port} on 127.0.0.1 is in use" in result.stderr
     assert "--port 0" in result.stderr
     bad = invoke("serve", "--host", "no.such.host.invalid", "--port", "0")
     assert bad.exit_code == 2 and "cannot listen on host" in bad.stderr

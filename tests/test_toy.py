@@ -70,3 +70,18 @@ def test_same_seed_identical_across_processes():
 def test_bad_config():
     with pytest.raises(UsageError, match="not divisible"):
         ToyConfig(d_model=10, heads=3)
+
+
+def test_a_toy_pair_records_where_its_second_segment_starts(tmp_path):
+    """The toy joins a pair without a separator, so it says where the pair's text begins."""
+    from attnviz.analysis.tokens import pair_start, token_view
+    from attnviz.capture import load_capture
+
+    source = ToySource(ToyConfig(), device="cpu")
+    capture = source.capture("the cat sat", "a dog ran")
+    assert capture.tokens[pair_start(capture):] == ["a", "dog", "ran"]
+    assert pair_start(source.capture("the cat sat")) is None
+    assert pair_start(source.capture("the cat sat", "a dog ran", max_tokens=3)) is None
+    capture.save(tmp_path / "pair")
+    assert pair_start(load_capture(tmp_path / "pair")) == 3
+    assert pair_start(token_view(capture, words=True)) == 3

@@ -25,7 +25,7 @@ class EngineName(str, Enum):
 EngineOpt = Annotated[EngineName, typer.Option(
     "--engine", rich_help_panel=ENGINE_PANEL,
     help="Where the texts of --input run: local (this process) or ray (Ray Data workers on "
-         "a cluster or a local Ray; needs pip install \"attnviz[ray]\").")]
+         "a cluster or a local Ray; needs pip install \"attnviz\\[ray]\").")]
 RayAddressOpt = Annotated[str | None, typer.Option(
     "--ray-address", rich_help_panel=ENGINE_PANEL, metavar="ADDRESS", show_default=False,
     help="With --engine ray: the cluster (host:port of the head node, ray://host:10001, or "

@@ -268,7 +268,8 @@ def export(
     jobs: Annotated[int | None, typer.Option(
         "--jobs", "-j", min=1, rich_help_panel=OUTPUT_PANEL, show_default=False,
         help="Drawing processes (default: 1 for fewer than 4 texts, where starting a worker "
-             "would cost more than it saves; else up to one per core).")
+             "would cost more than it saves; else up to one per core). At most 4 per "
+             "core.")
     ] = None,
     force: Annotated[bool, typer.Option(
         "--force", rich_help_panel=OUTPUT_PANEL,

@@ -15,7 +15,7 @@ import typer
 
 from attnviz.cli import app
 from attnviz.cli._common import MODEL_PANEL, OUTPUT_PANEL, handle_errors, stdout, warn
-from attnviz.errors import UsageError
+from attnviz.errors import AttnvizError, UsageError
 
 if TYPE_CHECKING:
     from attnviz.server.engine import Limits
@@ -66,17 +66,32 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         if port and exc.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
-            raise UsageError(f"port {port} on {host} is in use",
-                             "pick another with --port, or --port 0 for a free one") from None
+            # Not a mistake on the command line (exit 2) but the machine's state, as when
+            # any other server finds its port taken: exit 1.
+            raise AttnvizError(f"port {port} on {host} is in use",
+                               "pick another with --port, or --port 0 for a free one") from None
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                          "pick another --port (ports below 1024 need root) or --host") from None
     sock.set_inheritable(True)
     return sock
 
 
+def _allowed_hosts(host: str) -> tuple[str, ...] | None:
+    """The ``Host`` names a server bound to ``host`` answers to: ``None`` (any, guarded by the
+    token) beyond this machine; on a loopback address, the usual local names and the address
+    itself, so the address ``serve`` prints (e.g. ``http://127.0.0.2:8000/``) is answered."""
+    from attnviz.server.app import LOCAL_HOSTS
+
+    if not _is_loopback(host):
+        return None
+    own = host.strip().strip("[]").lower()
+    return LOCAL_HOSTS if own in LOCAL_HOSTS else (*LOCAL_HOSTS, own)
+
+
 def _address(host: str, port: int, token: str | None) -> list[str]:
     """The addresses to print: where a browser on this machine (or another) finds the app."""
     query = f"?token={token}" if token else ""
+    host = host.strip().strip("[]")  # --host [::1] as well as --host ::1
     if host in ("0.0.0.0", "::", ""):
         names = ["127.0.0.1", socket.gethostname()]
     else:
@@ -168,11 +183,11 @@ def _serve(sock: socket.socket, models: list[str], host: str, token: str | None,
            open_browser: bool, access_log: bool) -> None:
     import uvicorn
 
-    from attnviz.server.app import LOCAL_HOSTS, create_app
+    from attnviz.server.app import create_app
 
     port = int(sock.getsockname()[1])
     application = create_app(models, token=token, allow_any_model=allow_any_model,
-                             limits=limits, allowed_hosts=LOCAL_HOSTS if local else None,
+                             limits=limits, allowed_hosts=_allowed_hosts(host) if local else None,
                              device=device, dtype=dtype)
     served = application.state.engine.models
     addresses = _address(host, port, token)

@@ -116,6 +116,11 @@ def _connect(ray: ModuleType, options: RayOptions) -> tuple[str, bool]:
     address = None if options.address is None else options.address.strip()
     common: dict[str, Any] = {"log_to_driver": False, "configure_logging": False,
                               "namespace": "attnviz"}  # as init_local
+    environment = os.environ.get("RAY_ADDRESS", "").strip()
+    if address in (None, "auto") and environment:
+        _check_reachable(environment, "RAY_ADDRESS")
+    elif address not in (None, "auto", "local"):
+        _check_reachable(str(address), "--ray-address")
     if address in (None, "auto"):
         try:
             ray.init(address="auto", **common)
@@ -166,6 +171,31 @@ def init_local(cpus: int, env: dict[str, str] | None = None) -> ModuleType:
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False,
                  configure_logging=False, namespace="attnviz", **extra)
     return ray
+
+
+def _check_reachable(address: str, what: str, timeout: float = 5.0) -> None:
+    """Fail fast when nothing listens at a cluster address (``ray.init`` would wait minutes).
+
+    Raises:
+        AttnvizError: the host does not answer on that port.
+    """
+    import socket
+
+    target = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"{what} {address!r} is not an address of a Ray cluster",
+                         "give host:port of the head node (e.g. 10.0.0.5:6379), "
+                         "ray://host:10001, auto or local")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise AttnvizError(f"cannot reach the Ray cluster at {address} ({what}): {reason}",
+                           "start it with `ray start --head` on that machine, check the "
+                           "address and port, or leave out --ray-address (and RAY_ADDRESS) "
+                           "to run on a local Ray") from None
 
 
 def _gcs_address(ray: ModuleType) -> str:

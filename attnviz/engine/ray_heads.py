@@ -122,15 +122,21 @@ class HeadsWorker(WorkerBase):
         return result
 
 
-def _induction(spec: ModelSpec, view: Capture, cwd: str) -> tuple[Any, Any]:
-    """The induction test on a worker (a Ray task): the live model lives there."""
+def _induction(spec: ModelSpec, view: Capture, cwd: str
+               ) -> tuple[Any, Any, AttnvizError | None]:
+    """The induction test on a worker (a Ray task): the live model lives there. Returns the
+    scores and the test's settings, or the error to raise on the driver."""
     from attnviz.analysis.heads import measure_induction
     from attnviz.session import Session
 
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
     session = Session(use_cache=False, max_models=1)
-    return measure_induction(lambda: session.source(spec), view, True)
+    try:
+        scores, info = measure_induction(lambda: session.source(spec), view, True)
+    except AttnvizError as error:
+        return None, None, error
+    return scores, info, None
 
 
 def corpus_stats_ray(texts: Sequence[CorpusText], *, spec: ModelSpec, options: RayOptions,
@@ -194,7 +200,8 @@ def corpus_stats_ray(texts: Sequence[CorpusText], *, spec: ModelSpec, options: R
             if induction is True or (induction is None and corpus.view.causal):
                 task = run.ray.remote(num_cpus=0, num_gpus=options.gpus_per_worker,
                                       max_retries=2)(_induction)
-                scores, info = run.ray.get(task.remote(spec, corpus.view, os.getcwd()))
+                scores, info, error = run.ray.get(task.remote(spec, corpus.view, os.getcwd()))
+                reraise(error)
     finally:
         if hook_fired(hook) and note is not None:
             note(f"test hook: a worker was killed after {hook[0] if hook else 0} texts and "

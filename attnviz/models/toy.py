@@ -212,7 +212,10 @@ class ToySource:
             heads=list(keep_heads), num_layers=self.num_layers, num_heads=self.num_heads,
             model="toy", causal=self.config.causal, text=text, pair=pair,
             meta={"source": "toy", "toy": asdict(self.config), "dtype": str(self.dtype),
-                  "device": str(self.device), "warnings": warnings},
+                  "device": str(self.device), "warnings": warnings,
+                  # no separator token: record where the second segment starts (if kept)
+                  **({"pair_start": len(words)} if second and len(tokens) > len(words)
+                     else {})},
         )
 
 

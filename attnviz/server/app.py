@@ -65,6 +65,7 @@ from attnviz.server.engine import (
 )
 
 if TYPE_CHECKING:
+    from attnviz.models import ModelSpec
     from attnviz.session import Session
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -173,6 +174,9 @@ async def read_fields(request: Request, limits: Limits) -> Fields:
     except RecursionError:
         raise ApiError(400, "the request body is nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:
+        if "integer string conversion" in str(exc):  # Python's guard against huge numbers
+            raise ApiError(400, "a number in the request body has too many digits",
+                           "send numbers such as 5 or -1") from None
         raise ApiError(400, f"the request body is not valid JSON: {exc}"[:300],
                        'send e.g. {"text": "The cat sat on the mat"}') from None
     return Fields(data)
@@ -301,7 +305,8 @@ class _Runner:
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=engine.max_pending, thread_name_prefix="attnviz-serve")
 
-    async def run(self, key: str, work: Callable[[], Any]) -> Any:
+    async def run(self, key: str, work: Callable[[], Any], spec: ModelSpec | None = None
+                  ) -> Any:
         release = self.engine.admit(key)
         state = {"started": False, "abandoned": False}
         guard = threading.Lock()
@@ -329,6 +334,11 @@ class _Runner:
                 if not state["started"]:
                     state["abandoned"] = True
                     release()
+            if spec is not None and self.engine.session.is_loading(spec):
+                raise ApiError(503, f"no answer within {timeout:g} s: the model {spec.name} is "
+                                    "still loading (it goes on loading)",
+                               "try again in a moment, or start the server with a longer "
+                               "--timeout", kind="AttnvizError") from None
             raise ApiError(503, f"no answer within {timeout:g} s: the model is busy or the text "
                                 "is long",
                            "try again, or start the server with a longer --timeout",
@@ -393,7 +403,7 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         fields.done()
         from attnviz.session import spec_key
 
-        return _json(await runner.run(spec_key(spec), lambda: engine.describe(spec)))
+        return _json(await runner.run(spec_key(spec), lambda: engine.describe(spec), spec))
 
     async def capture(request: Request) -> Response:
         fields = await read_fields(request, engine.limits)
@@ -406,7 +416,7 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
             payload = capture_payload(engine.capture(params), weights=weights, stats=stats)
             return json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
 
-        body = await runner.run(params.model_key, work)
+        body = await runner.run(params.model_key, work, params.spec)
         return Response(body, media_type="application/json")
 
     async def capture_download(request: Request) -> Response:
@@ -414,7 +424,7 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         params = engine.capture_params(fields)
         fields.done()
         body = await runner.run(params.model_key,
-                                lambda: capture_zip(engine.capture(params)))
+                                lambda: capture_zip(engine.capture(params)), params.spec)
         name = _file_name("attnviz_capture", params.spec.name, params.text) + ".zip"
         return Response(body, media_type="application/zip",
                         headers={"Content-Disposition": f'attachment; filename="{name}"'})
@@ -428,7 +438,8 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
             raise ApiError(422, "'query' and format csv do not go together",
                            "leave out 'query' for the CSV of every query")
         payload = await runner.run(params.model_key,
-                                   lambda: topk_payload(engine.capture(params), what))
+                                   lambda: topk_payload(engine.capture(params), what),
+                                   params.spec)
         if what.fmt == "csv":
             name = _file_name("attnviz_topk", params.spec.name, params.text,
                               f"L{payload['layer']}_H{payload['head']}") + ".csv"
@@ -443,7 +454,7 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         fields.done()
         from attnviz.session import spec_key
 
-        weights = await runner.run(spec_key(spec), lambda: engine.induction(spec, ids))
+        weights = await runner.run(spec_key(spec), lambda: engine.induction(spec, ids), spec)
         return _json({"weights": encode_float32(weights)})
 
     async def explain(request: Request) -> Response:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import unicodedata
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -32,7 +34,16 @@ from attnviz.errors import (
     OutputError,
     UsageError,
 )
-from attnviz.session import Selection, Session, _selection_text, check_text, make_spec, spec_key
+from attnviz.session import (
+    Selection,
+    Session,
+    _check_max_tokens,
+    _selections,
+    _text_pairs,
+    check_text,
+    make_spec,
+    spec_key,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,21 +62,71 @@ class ServerError(AttnvizError):
     """The server cannot be reached, needs a token, or did not answer with attnviz's API."""
 
 
+def _shown_url(text: str) -> str:
+    """An address for a message, without any password or token in it."""
+    shown = re.sub(r"//[^/@?#]*@", "//***@", text)  # user:password@
+    return re.sub(r"(token=)[^&#]*", r"\1***", shown)[:100]
+
+
 def parse_server_url(url: str) -> tuple[str, str | None]:
     """The base address of a server and the token its URL carries (``?token=...``).
 
     Raises:
-        UsageError: not an ``http://`` or ``https://`` address.
+        UsageError: not an ``http://`` or ``https://`` address with a valid host and port, or
+            one that carries a user name or password (``attnviz serve`` uses a token).
     """
+    hint = f"use the address 'attnviz serve' printed, or unset ${SERVER_ENV}"
     text = url.strip()
-    parts = urllib.parse.urlsplit(text)
+    if any(ch.isspace() or unicodedata.category(ch) == "Cc" for ch in text):
+        raise UsageError(f"--server {_shown_url(text)!r} is not a valid address: it holds "
+                         "spaces or control characters", hint)
+    try:
+        parts = urllib.parse.urlsplit(text)
+        host, port = parts.hostname, parts.port  # port: ValueError past 65535
+    except ValueError as exc:
+        raise UsageError(f"--server {_shown_url(text)!r} is not a valid address ({exc}; "
+                         "check the host and the port 1..65535)", hint) from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise UsageError(f"--server must be an http:// or https:// address such as "
-                         f"http://127.0.0.1:8000, not {text[:100]!r}",
-                         f"use the address 'attnviz serve' printed, or unset ${SERVER_ENV}")
+                         f"http://127.0.0.1:8000, not {_shown_url(text)!r}", hint)
+    if parts.username is not None or parts.password is not None:
+        raise UsageError("--server must not hold a user name or password (user:password@): "
+                         "attnviz serve checks a token instead",
+                         "give the address as 'attnviz serve' printed it, with ?token=... "
+                         "when it has one")
+    if not host:
+        raise UsageError(f"--server {_shown_url(text)!r} is not a valid address: it has no "
+                         "host", hint)
+    if port == 0:
+        raise UsageError(f"--server {_shown_url(text)!r} is not a valid address: port 0",
+                         hint)
     token = dict(urllib.parse.parse_qsl(parts.query)).get("token") or None
     base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
     return base, token
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """``attnviz serve`` never redirects an API call: following one would send the token (and
+    the text) to wherever the answer points."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> None:
+        raise ServerError(f"the server at {_shown_url(req.full_url.rsplit('/api/', 1)[0])} "
+                          f"answered with a redirect (HTTP {code}) to "
+                          f"{_shown_url(str(newurl))!r}, which attnviz serve never does; not "
+                          "followed", "check that --server points at 'attnviz serve' itself")
+
+
+#: Longest server message passed on (a server's text is printed on this terminal).
+MAX_MESSAGE = 1000
+
+
+def _clean(text: Any) -> str:
+    """A message from the server, safe to print: no control or bidirectional-override
+    characters (terminal escapes), at most :data:`MAX_MESSAGE` characters."""
+    shown = "".join(ch for ch in str(text) if ch in "\n\t" or unicodedata.category(ch)
+                    not in ("Cc", "Cf", "Co", "Cs"))
+    return shown if len(shown) <= MAX_MESSAGE else shown[:MAX_MESSAGE - 3] + "..."
 
 
 def capture_from_payload(payload: dict[str, Any]) -> Capture:
@@ -83,7 +144,7 @@ def capture_from_payload(payload: dict[str, Any]) -> Capture:
             raise ValueError(f"weights encoded as {block.get('encoding')!r}, not float32")
         weights = decode_float32(block)
         return _capture_from(payload, weights)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise ServerError(f"the server's answer is not a capture ({exc})",
                           "check that --server points at 'attnviz serve' of this version"
                           ) from None
@@ -107,11 +168,15 @@ class RemoteSession(Session):
         super().__init__(use_cache=False, warn=warn)
         self.url, self.token = parse_server_url(url)
         self.timeout = timeout
+        # The largest capture a server sends (2**25 float32 weights, base64) is ~180 MB.
+        self.max_answer_bytes = 1 << 30
         self.requests = 0  # answers received (tests count them)
         self._sources: dict[str, RemoteSource] = {}
         host = (urllib.parse.urlsplit(self.url).hostname or "").lower()
         # A local server is reached directly, never through an http_proxy from the environment.
-        handlers = [urllib.request.ProxyHandler({})] if host in _LOOPBACK else []
+        handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
+        if host in _LOOPBACK:
+            handlers.append(urllib.request.ProxyHandler({}))
         self._opener = urllib.request.build_opener(*handlers)
 
     # ------------------------------------------------------------------ HTTP
@@ -128,9 +193,9 @@ class RemoteSession(Session):
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with self._opener.open(req, timeout=self.timeout) as response:
-                raw = response.read()
+                raw = response.read(self.max_answer_bytes + 1)
         except urllib.error.HTTPError as error:
-            raise self._error(error.code, error.read()) from None
+            raise self._error(error.code, error.read(1 << 20)) from None
         except urllib.error.URLError as error:
             reason = error.reason
             if isinstance(reason, TimeoutError):
@@ -143,10 +208,14 @@ class RemoteSession(Session):
         except (ConnectionError, OSError) as error:
             raise ServerError(f"the connection to the attnviz server at {self.url} failed "
                               f"({error})", "check that the server is still running") from None
+        if len(raw) > self.max_answer_bytes:
+            raise ServerError(f"the answer of the server at {self.url} is larger than "
+                              f"{self.max_answer_bytes:,} bytes",
+                              "select fewer layers or heads, or a shorter text")
         self.requests += 1
         try:
             return json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested thousands deep
             raise ServerError(f"the server at {self.url} did not answer with JSON",
                               "check that --server points at 'attnviz serve'") from None
 
@@ -157,11 +226,11 @@ class RemoteSession(Session):
     def _error(self, status: int, raw: bytes) -> AttnvizError:
         try:
             info = json.loads(raw)["error"]
-            message, hint, kind = str(info["message"]), info.get("hint"), str(info.get("type"))
-        except (ValueError, KeyError, TypeError):
+            message, hint, kind = _clean(info["message"]), info.get("hint"), str(info.get("type"))
+        except (ValueError, KeyError, TypeError, RecursionError):
             return ServerError(f"the server at {self.url} answered HTTP {status}, not with "
                                "attnviz's API", "check that --server points at 'attnviz serve'")
-        hint = None if hint is None else str(hint)
+        hint = None if hint is None else _clean(hint)
         if status in (401, 403) and kind in ("AuthError", "Forbidden"):
             return ServerError(f"the attnviz server at {self.url}: {message}",
                                "give the address with its token as 'attnviz serve' printed it: "
@@ -229,8 +298,10 @@ class RemoteSession(Session):
         check_text(text)
         if pair is not None:
             check_text(pair, "the pair text")
+        layer_text, head_text = _selections(layers, heads)
+        _check_max_tokens(max_tokens)
         body = {**self._model_fields(spec), "text": text, "pair": pair,
-                "layers": _selection_text(layers), "heads": _selection_text(heads),
+                "layers": layer_text, "heads": head_text,
                 "max_tokens": max_tokens, "truncate": truncate, "weights": "float32"}
         payload = self.request("POST", "/api/capture", body)
         self.forwards += 1
@@ -257,7 +328,7 @@ class RemoteSession(Session):
                  ) -> Iterator[Capture | InputError]:
         """One capture or :class:`InputError` per ``(text, pair)``, in order (one request each;
         the server runs one forward at a time per model)."""
-        for text, pair in texts:
+        for text, pair in _text_pairs(texts):
             try:
                 if check is not None:
                     check(text, pair)

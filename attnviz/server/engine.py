@@ -37,6 +37,7 @@ WEIGHT_FORMATS = ("q8", "q16", "float32")
 TOPK_CSV_HEADER = ("query_index", "query", "rank", "key_index", "key", "weight")
 # The toy model's sizes a request may ask for (the CLI allows more; a shared server stays small).
 TOY_BOUNDS = {"d_model": 512, "heads": 32, "layers": 12}
+TOY_EXAMPLE = '{"model": "toy", "toy": {"layers": 2, "heads": 4, "causal": true}}'
 
 
 class ApiError(AttnvizError):
@@ -107,10 +108,11 @@ class Fields:
     or -1, not a string``. Call :meth:`done` after reading to refuse fields nobody read.
     """
 
-    def __init__(self, data: Any, what: str = "the request body") -> None:
+    def __init__(self, data: Any, what: str = "the request body",
+                 example: str = '{"text": "The cat sat on the mat"}') -> None:
         if not isinstance(data, dict):
             raise ApiError(422, f"{what} must be a JSON object, not {json_type(data)}",
-                           'send e.g. {"text": "The cat sat on the mat"}')
+                           f"send e.g. {example}")
         self.data: dict[str, Any] = data
         self.what = what
         self.read: set[str] = set()
@@ -211,11 +213,11 @@ class Fields:
                                 f"not {json_type(value)}")
         return value
 
-    def obj(self, name: str) -> Fields | None:
+    def obj(self, name: str, example: str | None = None) -> Fields | None:
         value = self._get(name)
         if value is None:
             return None
-        return Fields(value, f"'{name}'")
+        return Fields(value, f"'{name}'", example or f'{{"{name}": {{...}}}}')
 
     def done(self) -> None:
         unknown = sorted(set(self.data) - self.read)
@@ -357,7 +359,7 @@ class Engine:
         from attnviz.models import TOY_MODEL, ModelSpec
 
         name = self.model_name(fields)
-        toy_fields = fields.obj("toy")
+        toy_fields = fields.obj("toy", TOY_EXAMPLE)
         if toy_fields is not None and name != TOY_MODEL:
             raise ApiError(422, "'toy' options are for the toy model only",
                            'leave them out, or send "model": "toy"')
@@ -417,7 +419,8 @@ class Engine:
         try:
             source = self.session.source(spec)
         except (ModelLoadError, DeviceError) as error:
-            self.load_errors[spec.name] = error.message
+            if spec.name in self.models:  # listed by /api/models; any other name is not kept
+                self.load_errors[spec.name] = error.message
             raise
         self.load_errors.pop(spec.name, None)
         return source
@@ -602,13 +605,24 @@ def capture_payload(capture: Capture, *, weights: str = "q8", stats: bool = Fals
 
 
 def decode_float32(block: dict[str, Any]) -> Any:
-    """The array of an :func:`encode_float32` block."""
+    """The array of an :func:`encode_float32` block.
+
+    Raises:
+        ValueError: the block's shape is not a list of counts, or its data do not hold
+            exactly that many float32 values.
+    """
     import numpy as np
 
-    shape = tuple(int(n) for n in block["shape"])
-    raw = base64.b64decode(block["data"])
-    return np.frombuffer(raw, dtype="<f4", count=math.prod(shape)).reshape(shape).astype(
-        np.float32)
+    shape = block["shape"]
+    if not isinstance(shape, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise ValueError(f"the weights' shape must be a list of counts, not {shape!r:.60}")
+    raw = base64.b64decode(block["data"], validate=True)
+    count = math.prod(shape)
+    if count * 4 != len(raw):
+        raise ValueError(f"the weights hold {len(raw) // 4} values, not the {count} of shape "
+                         f"{shape}"[:200])
+    return np.frombuffer(raw, dtype="<f4").reshape(shape).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -673,7 +687,12 @@ def topk_payload(capture: Capture, params: TopkParams) -> dict[str, Any]:
     if params.query is None:
         payload["rows"] = topk_rows(matrix, tokens, params.k, causal=view.causal)
         return payload
-    query = resolve_index(params.query, view.num_tokens, "query")
+    size = view.num_tokens
+    if not -size <= params.query < size:
+        raise ApiError(422, f"query {params.query} is out of range: the input has {size} "
+                            f"token{'s' if size != 1 else ''} (0..{size - 1} or -{size}..-1)"
+                       + (" after merging words" if params.words else ""))
+    query = params.query % size
     row = np.asarray(matrix[query], dtype=np.float32)
     top = cast("list[dict[str, Any]]",
                topk_rows(matrix[query : query + 1], tokens, params.k, causal=False)[0]["top"])
@@ -748,7 +767,7 @@ class ExplainParams:
             raise ApiError(413, "'token' is longer than 200 characters")
         layer = int(fields.integer("layer", 0, -64, 64) or 0)
         head = int(fields.integer("head", 0, -256, 256) or 0)
-        config = engine.toy_config(fields.obj("toy"))
+        config = engine.toy_config(fields.obj("toy", TOY_EXAMPLE))
         words = len(split_words(text))
         if words > engine.limits.max_tokens:
             raise ApiError(422, f"the text has {words} words, more than this server's limit of "
