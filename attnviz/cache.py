@@ -147,7 +147,8 @@ def model_identity(spec: ModelSpec) -> dict[str, Any]:
 
     identity: dict[str, Any] = {
         "model": spec.name, "revision": spec.revision, "dtype": spec.dtype,
-        "device": spec.device, "trust_remote_code": spec.trust_remote_code,
+        "device": spec.device, "device_map": spec.device_map,
+        "trust_remote_code": spec.trust_remote_code,
     }
     if spec.name == TOY_MODEL:
         identity["toy"] = dataclasses.asdict(spec.toy) if spec.toy is not None else None

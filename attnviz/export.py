@@ -1267,7 +1267,9 @@ class Exporter:
         if not folders:
             self.progress.note("no text was exported, so no report.html was written")
             return
-        captures = [load_capture(self.out_dir / name, mmap=True) for name in folders]
+        # Copies, not memory maps: a file cut short while the report is built must be an
+        # error, not a SIGBUS (the report holds every capture's weights anyway).
+        captures = [load_capture(self.out_dir / name, mmap=False) for name in folders]
         self.summary.report = write_report(
             captures, self.out_dir / REPORT_HTML, top_k=self.options.top_k,
             words=self.options.words, exclude_special=self.options.exclude_special)

@@ -47,18 +47,21 @@ def make_spec(model: str | ModelSpec | None = None, **options: Any) -> ModelSpec
     if unknown:
         raise UsageError(f"unknown model option(s): {', '.join(sorted(unknown))}",
                          f"model options are {', '.join(_SPEC_KEYS)}")
+    from attnviz.models import check_spec
+
     if "toy" in options:
         options["toy"] = _toy_config(options["toy"])
     if isinstance(model, ModelSpec):
-        if options:
-            return dataclasses.replace(model, **options)
-        return model
-    if model is not None and not isinstance(model, str):
+        spec = dataclasses.replace(model, **options) if options else model
+    elif model is not None and not isinstance(model, str):
         raise UsageError(f"model must be a name such as \"minilm\", \"toy\", a Hugging Face id "
                          f"or a folder, not {type(model).__name__}",
                          "for a model object you already hold, use "
                          "attnviz.capture(model, tokenizer, text)")
-    return ModelSpec(name=model or default_model(), **options)
+    else:
+        spec = ModelSpec(name=model or default_model(), **options)
+    check_spec(spec)  # before the cache is asked: a cached entry must not hide a bad option
+    return spec
 
 
 def _toy_config(value: Any) -> Any:
@@ -403,7 +406,9 @@ class Session:
                  use_cache: bool | None = None, write_cache: bool = True,
                  check: Callable[[str, str | None], None] | None = None
                  ) -> Iterator[Capture | InputError]:
-        """One capture or :class:`InputError` per ``(text, pair)``, in order, in padded batches.
+        """One capture or :class:`InputError` per text, in order, in padded batches.
+
+        ``texts`` is a list of strings and/or ``(text, pair)`` tuples.
 
         Cached texts come from the cache; the others run ``batch_size`` at a time (see
         :func:`attnviz.analysis.corpus.capture_batches`).

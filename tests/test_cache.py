@@ -251,3 +251,15 @@ def test_stale_temporaries_go_when_the_cache_is_trimmed(monkeypatch: pytest.Monk
     cache.evict()
     assert not stale.exists() and fresh.exists()  # a fresh one may belong to a running store
     assert cache.info().entries == 1
+
+
+@pytest.mark.parametrize("option", [["--device", "gpu0"], ["--dtype", "float8"],
+                                    ["--device-map", "everywhere"], ["--device-map", "auto"]])
+def test_a_cached_text_does_not_hide_a_bad_model_option(invoke, option) -> None:
+    """Options are checked before the cache answers: the same text cached still fails."""
+    first = invoke("top-k", TEXT, *TOY, "-l", "0", "--head", "0")
+    assert first.exit_code == 0, first.output
+    assert cache.info().entries == 1
+    again = invoke("top-k", TEXT, *TOY, "-l", "0", "--head", "0", *option)
+    assert again.exit_code == 2, again.output
+    assert option[0] in again.stderr

@@ -217,6 +217,26 @@ def test_export_ray_worker_killed_mid_run(invoke, local_ray, export_input: Path,
             assert manifest["complete"] is True
 
 
+def test_export_ray_refuses_a_folder_another_export_writes_to(invoke, export_input: Path,
+                                                              tmp_path: Path) -> None:
+    """The Ray driver takes the same OUT_DIR lock as a local export, before starting Ray."""
+    from attnviz.export import LOCK_NAME
+    from attnviz.fileio import FolderLock
+
+    out = tmp_path / "busy"
+    out.mkdir()
+    holder = FolderLock(out, LOCK_NAME, "another export")
+    holder.acquire()
+    try:
+        result = invoke("export", "--input", export_input, "-o", out, *TOY, *EXPORT,
+                        "--engine", "ray", "--workers", "1")
+    finally:
+        holder.release()
+    assert result.exit_code == 1, result.output
+    assert "another export is writing to" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
 # ------------------------------------------------------------------------------- options
 def test_engine_options_are_checked(invoke, local_ray, corpus_file: Path,
                                     tmp_path: Path) -> None:

@@ -411,6 +411,30 @@ def test_a_load_past_the_timeout_says_the_model_is_loading(slow_model: dict[str,
     assert slow_model["loads"].count("slow") == 1
 
 
+def test_stopping_answers_the_waiting_requests_at_once(slow_model: dict[str, Any]) -> None:
+    """What Ctrl-C does before uvicorn's graceful shutdown: no request is left waiting for a
+    model load (uvicorn would cancel it after 5 s, with a traceback)."""
+    app = create_app(["slow", "toy"])
+    with TestClient(app, base_url=BASE) as client:
+        waiting, box = _in_thread(lambda: client.post("/api/capture", json={"text": SENTENCE}))
+        assert slow_model["started"].wait(10)
+        started = time.monotonic()
+        client.portal.call(app.state.runner.stop)
+        waiting.join(5)
+        assert time.monotonic() - started < 5
+        error = _error(box["result"], 503)
+        assert error["message"] == "the server is stopping"
+        later = client.post("/api/capture", json={"text": SENTENCE, "model": "toy"})
+        assert _error(later, 503)["message"] == "the server is stopping"
+        assert app.state.engine.pending() == 1  # the load itself goes on, in its thread
+        slow_model["release"].set()
+        deadline = time.monotonic() + 20
+        while app.state.engine.pending():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    assert all(thread.daemon for thread in app.state.runner.pool._threads)
+
+
 def test_load_errors_are_kept_for_served_models_only(tmp_path: Path) -> None:
     app = create_app(["toy"], allow_any_model=True)
     client = TestClient(app, base_url=BASE)

@@ -348,17 +348,12 @@ def format_changes(changes: list[dict[str, object]], fmt: str, where: str) -> st
     if fmt not in CHANGE_FORMATS:
         raise ValueError(f"unknown format {fmt!r}: use csv or markdown")
     if fmt == "csv":
-        import csv
-        import io
+        from attnviz.csvtext import csv_text
 
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(["query_index", "query", "key_index", "key", "a", "b", "delta"])
-        for change in changes:
-            writer.writerow([change["query_index"], change["query"], change["key_index"],
-                             change["key"], f"{change['a']:.6f}", f"{change['b']:.6f}",
-                             f"{change['delta']:+.6f}"])
-        return buffer.getvalue()
+        return csv_text(["query_index", "query", "key_index", "key", "a", "b", "delta"], (
+            [change["query_index"], change["query"], change["key_index"], change["key"],
+             f"{change['a']:.6f}", f"{change['b']:.6f}", f"{change['delta']:+.6f}"]
+            for change in changes))
     lines = [f"**Largest changes, B - A ({where})**", "", "| query | key | A | B | B - A |",
              "|---|---|---:|---:|---:|"]
     for change in changes:

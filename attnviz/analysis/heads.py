@@ -91,16 +91,11 @@ def format_head_table(rows: list[dict[str, Any]], layer_rows: list[dict[str, Any
         return json.dumps({**info, "heads": rows, "layers": layer_rows}, ensure_ascii=False,
                           indent=1) + "\n"
     if fmt == "csv":
-        import csv
-        import io
+        from attnviz.csvtext import csv_text
 
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(["layer", "head", "label", *keys])
-        for row in rows:
-            writer.writerow([row["layer"], row["head"], row["label"],
-                             *[f"{row[k]:.6f}" for k in keys]])
-        return buffer.getvalue()
+        return csv_text(["layer", "head", "label", *keys], (
+            [row["layer"], row["head"], row["label"], *[f"{row[k]:.6f}" for k in keys]]
+            for row in rows))
     lines = [f"**{info['title']}**", "",
              "| layer | head | label | " + " | ".join(keys) + " |",
              "|---:|---:|---|" + "---:|" * len(keys)]

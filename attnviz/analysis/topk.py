@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,17 +65,15 @@ def topk_csv(weights: np.ndarray, layers: list[int], heads: list[int], tokens: l
     Returns:
         CSV with the columns of :data:`TOPK_CSV_COLUMNS`, one row per (layer, head, query, rank).
     """
-    import csv
-    import io
+    from attnviz.csvtext import csv_text
 
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(TOPK_CSV_COLUMNS)
-    for li, layer in enumerate(layers):
-        for hi, head in enumerate(heads):
-            matrix = np.asarray(weights[li, hi], dtype=np.float32)
-            for entry in top_k(matrix, k, causal=causal):
-                for rank, (j, w) in enumerate(zip(entry.keys, entry.weights), start=1):
-                    writer.writerow([layer, head, entry.query, tokens[entry.query], rank, j,
-                                     tokens[j], f"{w:.6f}"])
-    return buffer.getvalue()
+    def rows() -> Iterator[list[object]]:
+        for li, layer in enumerate(layers):
+            for hi, head in enumerate(heads):
+                matrix = np.asarray(weights[li, hi], dtype=np.float32)
+                for entry in top_k(matrix, k, causal=causal):
+                    for rank, (j, w) in enumerate(zip(entry.keys, entry.weights), start=1):
+                        yield [layer, head, entry.query, tokens[entry.query], rank, j,
+                               tokens[j], f"{w:.6f}"]
+
+    return csv_text(TOPK_CSV_COLUMNS, rows())

@@ -189,18 +189,15 @@ def format_topk(rows: list[dict[str, object]], fmt: TableFormat, k: int, title: 
     if fmt is TableFormat.json:
         return json.dumps({"title": title, "k": k, "rows": rows}, ensure_ascii=False, indent=1)
     if fmt is TableFormat.csv:
-        import csv
-        import io
+        from attnviz.csvtext import csv_text
 
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(["query_index", "query", "rank", "key_index", "key", "weight"])
+        cells: list[list[object]] = []
         for row in rows:
             top: list[dict[str, Any]] = row["top"]  # type: ignore[assignment]
             for rank, item in enumerate(top, start=1):
-                writer.writerow([row["query_index"], row["query"], rank, item["key_index"],
-                                 item["key"], f"{item['weight']:.6f}"])
-        return buffer.getvalue()
+                cells.append([row["query_index"], row["query"], rank, item["key_index"],
+                              item["key"], f"{item['weight']:.6f}"])
+        return csv_text(["query_index", "query", "rank", "key_index", "key", "weight"], cells)
 
     def cell(text: object) -> str:
         return str(text).replace("|", "\\|")

@@ -200,7 +200,16 @@ def _serve(sock: socket.socket, models: list[str], host: str, token: str | None,
     stdout.file.flush()
     config = uvicorn.Config(application, log_level="warning", access_log=access_log,
                             timeout_graceful_shutdown=5, lifespan="on", server_header=False)
-    server = uvicorn.Server(config)
+    runner = application.state.runner
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            # Ctrl-C: requests waiting for a model (a load can take minutes) get their 503
+            # now, so the shutdown does not wait for them and cancel them with a traceback.
+            runner.stop()
+            await super().shutdown(sockets)
+
+    server = Server(config)
     if open_browser:
         import threading
         import webbrowser

@@ -157,6 +157,32 @@ def export_items_ray(items: Iterable[ExportItem], out_dir: Path | str,
                      ray: RayOptions, max_tokens: int | None = None, truncate: bool = True,
                      use_cache: bool = True, progress: ExportProgress | None = None,
                      note: Callable[[str], None] | None = None) -> ExportSummary:
+    """Export every text item to ``out_dir`` on Ray, holding the folder's export lock.
+
+    The arguments and errors are those of :func:`_export_items_ray`; like a local export, a
+    second export into the same folder stops with an :class:`~attnviz.errors.OutputError`.
+    """
+    from attnviz.export import LOCK_NAME
+    from attnviz.fileio import FolderLock, ensure_dir, remove_empty_dirs
+
+    created: list[Path] = []
+    ensure_dir(Path(out_dir), created=created)
+    lock = FolderLock(Path(out_dir), LOCK_NAME, "another export")
+    try:
+        lock.acquire()
+        return _export_items_ray(items, out_dir, options, spec=spec, ray=ray,
+                                 max_tokens=max_tokens, truncate=truncate, use_cache=use_cache,
+                                 progress=progress, note=note)
+    finally:
+        lock.release()
+        remove_empty_dirs(created)  # only folders left empty: a failed start
+
+
+def _export_items_ray(items: Iterable[ExportItem], out_dir: Path | str,
+                      options: ExportOptions | None = None, *, spec: ModelSpec,
+                      ray: RayOptions, max_tokens: int | None = None, truncate: bool = True,
+                      use_cache: bool = True, progress: ExportProgress | None = None,
+                      note: Callable[[str], None] | None = None) -> ExportSummary:
     """Export every text item to ``out_dir`` on Ray: the files of
     :func:`attnviz.export.export_items`, written by the workers.
 

@@ -56,6 +56,43 @@ class ModelSpec:
     max_memory: dict[int | str, int | str] | None = None  # per-device budget for device_map
 
 
+# Accepted values of device_map (Accelerate's strategies).
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_spec(spec: ModelSpec) -> None:
+    """Refuse a model spec whose device, dtype or device map can never work.
+
+    Checked before the capture cache is asked (an entry must not make a bad option look
+    fine) and without importing torch; whether a valid device exists on this machine is
+    checked when the model loads.
+
+    Raises:
+        UsageError: the option and what it accepts.
+    """
+    import re
+
+    from attnviz.errors import UsageError
+    from attnviz.models._torch import DEVICE_CHOICES, DTYPE_NAMES
+
+    device = (spec.device or "auto").strip().lower()
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
+        raise UsageError(f"invalid --device {spec.device!r}: expected {DEVICE_CHOICES}")
+    if (spec.dtype or "float32").strip().lower() not in DTYPE_NAMES:
+        raise UsageError(f"invalid --dtype {spec.dtype!r}: expected one of "
+                         "float32, float16, bfloat16")
+    if spec.device_map is not None:
+        if spec.name == TOY_MODEL:
+            raise UsageError("--device-map is for Hugging Face models; the toy model is tiny",
+                             "drop --device-map, or use --device")
+        if spec.device_map.strip().lower() not in DEVICE_MAPS:
+            raise UsageError(f"invalid --device-map {spec.device_map!r}: expected "
+                             f"{', '.join(DEVICE_MAPS)}")
+        if device != "auto":
+            raise UsageError("--device and --device-map cannot be combined",
+                             "use --device-map auto alone: it picks the devices")
+
+
 def load_source(spec: ModelSpec | str | None = None) -> AttentionSource:
     """Load the model a :class:`ModelSpec` (or a bare model name) describes."""
     if spec is None:
@@ -63,14 +100,9 @@ def load_source(spec: ModelSpec | str | None = None) -> AttentionSource:
     elif isinstance(spec, str):
         spec = ModelSpec(name=spec)
     check_model_name(spec.name)
+    check_spec(spec)
     if spec.name == TOY_MODEL:
         from attnviz.models.toy import ToySource
-
-        if spec.device_map is not None:
-            from attnviz.errors import UsageError
-
-            raise UsageError("--device-map is for Hugging Face models; the toy model is tiny",
-                             "drop --device-map, or use --device")
 
         return ToySource(spec.toy, device=spec.device, dtype=spec.dtype)
     from attnviz.models.hf import HFSource

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 DTYPES = ("float32", "float16", "bfloat16")
+DTYPE_NAMES = (*DTYPES, "fp32", "fp16", "bf16")  # what --dtype accepts
 
 
 def resolve_device(name: str = "auto") -> torch.device:

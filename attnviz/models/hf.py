@@ -24,6 +24,7 @@ import torch
 
 from attnviz.capture import Capture, clean_token, guess_word_ids
 from attnviz.errors import InputError, ModelLoadError, UsageError
+from attnviz.models import DEVICE_MAPS
 
 BUNDLED_NAME = "minilm"
 
@@ -709,8 +710,6 @@ class HFSource:
         return captures
 
 
-# Accepted values of device_map (Accelerate's strategies).
-DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 # Models that compute position ids from input_ids and the padding index themselves.
 _POSITIONS_FROM_IDS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer",

@@ -249,10 +249,13 @@ def _check_vocabulary(model: Any, tokenizer: Any, ids: Any) -> None:
         return
     largest = int(ids.max()) if getattr(ids, "numel", lambda: 0)() else -1
     if largest >= size:
+        try:
+            known = f"; {type(tokenizer).__name__} has {len(tokenizer)} tokens"
+        except TypeError:
+            known = ""
         raise UsageError(
             f"the tokenizer does not match the model: it gives token id {largest}, but the "
-            f"model's vocabulary has {size} tokens (ids 0..{size - 1}); "
-            f"{type(tokenizer).__name__} has {len(tokenizer)} tokens",
+            f"model's vocabulary has {size} tokens (ids 0..{size - 1}){known}",
             "pass the tokenizer saved with the model: "
             "AutoTokenizer.from_pretrained(<the model's name or folder>)")
 

@@ -30,6 +30,7 @@ import hmac
 import json
 import logging
 import os
+import queue
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -296,17 +297,84 @@ def _cookies(header: str) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- the app
+class _DaemonPool:
+    """Worker threads for blocking work, as daemon threads.
+
+    ``concurrent.futures.ThreadPoolExecutor`` joins its threads when the interpreter exits, so
+    Ctrl-C during a model load would wait for the load (minutes for a big model). The server
+    writes no file from these threads (its session has no disk cache), so they may simply stop
+    with the process.
+    """
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self.max_workers = max_workers
+        self.name = name
+        self._queue: queue.SimpleQueue[tuple[concurrent.futures.Future[Any],
+                                             Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, work: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the pool is shut down")
+            self._queue.put((future, work))
+            if self._idle == 0 and len(self._threads) < self.max_workers:
+                thread = threading.Thread(target=self._work, daemon=True,
+                                          name=f"{self.name}_{len(self._threads)}")
+                self._threads.append(thread)
+                thread.start()
+            else:
+                self._idle -= 1 if self._idle else 0
+        return future
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, work = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(work())
+                except BaseException as error:  # handed to the waiting request
+                    future.set_exception(error)
+            with self._lock:
+                self._idle += 1
+
+    def shutdown(self) -> None:
+        """Cancel the work not started yet and let every thread end when it is free."""
+        with self._lock:
+            self._closed = True
+            threads = len(self._threads)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in range(threads):
+            self._queue.put(None)
+
+
 class _Runner:
     """Runs blocking work (model forwards, encoding) on worker threads, inside the engine's
     queue bound and the request timeout."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=engine.max_pending, thread_name_prefix="attnviz-serve")
+        self.pool = _DaemonPool(engine.max_pending, "attnviz-serve")
+        self.stopping = False
+        self._waiting: set[asyncio.Future[Any]] = set()
 
     async def run(self, key: str, work: Callable[[], Any], spec: ModelSpec | None = None
                   ) -> Any:
+        if self.stopping:
+            raise self._stopped()
         release = self.engine.admit(key)
         state = {"started": False, "abandoned": False}
         guard = threading.Lock()
@@ -321,19 +389,29 @@ class _Runner:
             finally:
                 release()  # also when the client stopped waiting: the place is free only now
 
-        try:
-            future = self.pool.submit(job)
-        except RuntimeError:  # shutting down
-            release()
-            raise ApiError(503, "the server is shutting down", kind="AttnvizError") from None
-        timeout = self.engine.limits.timeout_s
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-        except asyncio.TimeoutError:
+        def abandon() -> None:
             with guard:
                 if not state["started"]:
                     state["abandoned"] = True
                     release()
+
+        try:
+            future = self.pool.submit(job)
+        except RuntimeError:  # shutting down
+            release()
+            raise self._stopped() from None
+        timeout = self.engine.limits.timeout_s
+        waiting = asyncio.wrap_future(future)
+        self._waiting.add(waiting)
+        try:
+            return await asyncio.wait_for(waiting, timeout)
+        except asyncio.CancelledError:
+            if not self.stopping:
+                raise
+            abandon()
+            raise self._stopped() from None
+        except asyncio.TimeoutError:
+            abandon()
             if spec is not None and self.engine.session.is_loading(spec):
                 raise ApiError(503, f"no answer within {timeout:g} s: the model {spec.name} is "
                                     "still loading (it goes on loading)",
@@ -343,9 +421,26 @@ class _Runner:
                                 "is long",
                            "try again, or start the server with a longer --timeout",
                            kind="AttnvizError") from None
+        finally:
+            self._waiting.discard(waiting)
+
+    @staticmethod
+    def _stopped() -> ApiError:
+        return ApiError(503, "the server is stopping", "start it again with attnviz serve",
+                        kind="AttnvizError")
+
+    def stop(self) -> None:
+        """Answer every waiting request with 503 now, and every new one (call in the loop).
+
+        Work already running on a model is not interrupted; its answer is dropped.
+        """
+        self.stopping = True
+        for waiting in list(self._waiting):
+            waiting.cancel()
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.stopping = True
+        self.pool.shutdown()
 
 
 def create_app(models: Sequence[str] = (), *, token: str | None = None,

@@ -705,16 +705,12 @@ def topk_payload(capture: Capture, params: TopkParams) -> dict[str, Any]:
 
 def topk_csv(payload: dict[str, Any]) -> str:
     """CSV of a :func:`topk_payload` (the columns of ``attnviz top-k --format csv``)."""
-    import csv
+    from attnviz.csvtext import csv_text
 
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(TOPK_CSV_HEADER)
-    for row in payload["rows"]:
-        for rank, item in enumerate(row["top"], start=1):
-            writer.writerow([row["query_index"], row["query"], rank, item["key_index"],
-                             item["key"], f"{item['weight']:.6f}"])
-    return buffer.getvalue()
+    return csv_text(TOPK_CSV_HEADER, (
+        [row["query_index"], row["query"], rank, item["key_index"], item["key"],
+         f"{item['weight']:.6f}"]
+        for row in payload["rows"] for rank, item in enumerate(row["top"], start=1)))
 
 
 def capture_zip(capture: Capture) -> bytes:
