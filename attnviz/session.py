@@ -22,7 +22,7 @@ import dataclasses
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from attnviz.errors import AttnvizError, InputError, UsageError
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 Warn = Callable[[str], None]
 Selection = str | int | Sequence[int] | None
+_T = TypeVar("_T")
 
 _SPEC_KEYS = ("revision", "trust_remote_code", "device", "dtype", "toy", "device_map",
               "max_memory")
@@ -129,6 +130,22 @@ def _check_max_tokens(max_tokens: int | None) -> None:
 
 def _selections(layers: Selection, heads: Selection) -> tuple[str | None, str | None]:
     return _selection_text(layers, "layer"), _selection_text(heads, "head")
+
+
+def _checked_request(text: str, pair: str | None, layers: Selection, heads: Selection,
+                    max_tokens: int | None) -> tuple[str | None, str | None]:
+    """Check a capture request before anything runs; the layer and head selections as text.
+
+    Raises:
+        InputError: an empty or unusable text or pair.
+        UsageError: a malformed selection or ``max_tokens``.
+    """
+    check_text(text)
+    if pair is not None:
+        check_text(pair, "the pair text")
+    layer_text, head_text = _selections(layers, heads)
+    _check_max_tokens(max_tokens)
+    return layer_text, head_text
 
 
 class Session:
@@ -322,31 +339,16 @@ class Session:
         Returns:
             The capture, weights ``[layer, head, query, key]``.
         """
-        spec = make_spec(model, **options)
-        check_text(text)
-        if pair is not None:
-            check_text(pair, "the pair text")
-        layer_text, head_text = _selections(layers, heads)
-        _check_max_tokens(max_tokens)
-        cache_on = self.use_cache if use_cache is None else use_cache
-        if cache_on:
-            from attnviz.cache import cached_capture
-
-            hit = cached_capture(spec, text, pair, layers=layer_text, heads=head_text,
-                                 max_tokens=max_tokens, truncate=truncate,
-                                 warn=self._cache_warn)
-            if hit is not None:
-                return hit
-        self.validate(spec, layers=layer_text, heads=head_text)  # before loading the weights
-        source = self.source(spec)
-        layer_list, head_list = self._resolve(source, layer_text, head_text)
-        with self._forward_lock(spec):
+        def forward(source: AttentionSource, layer_list: list[int] | None,
+                    head_list: list[int] | None) -> tuple[Capture, Capture]:
             capture = source.capture(text, pair, layers=layer_list, heads=head_list,
                                      max_tokens=max_tokens, truncate=truncate)
-            self.forwards += 1
-        if cache_on and write_cache:
-            self._keep(spec, text, pair, capture, layer_text, head_text, max_tokens, truncate)
-        return capture
+            return capture, capture
+
+        return self._run(text, pair, model=model, layers=layers, heads=heads,
+                         max_tokens=max_tokens, truncate=truncate, use_cache=use_cache,
+                         write_cache=write_cache, options=options, forward=forward,
+                         from_cache=lambda hit: hit)
 
     def dump(self, text: str, path: Path | str, pair: str | None = None, *,
              model: str | ModelSpec | None = None, layers: Selection = None,
@@ -372,12 +374,32 @@ class Session:
         """
         from attnviz.stream import stream_capture, write_capture
 
+        def forward(source: AttentionSource, layer_list: list[int] | None,
+                    head_list: list[int] | None) -> tuple[tuple[Path, Capture], Capture]:
+            written = stream_capture(source, text, path, pair=pair, layers=layer_list,
+                                     heads=head_list, max_tokens=max_tokens,
+                                     truncate=truncate, float16=float16)
+            return written, written[1]
+
+        def from_cache(hit: Capture) -> tuple[Path, Capture]:
+            return write_capture(hit, path, float16=float16), hit
+
+        return self._run(text, pair, model=model, layers=layers, heads=heads,
+                         max_tokens=max_tokens, truncate=truncate, use_cache=use_cache,
+                         write_cache=write_cache and not float16, options=options,
+                         forward=forward, from_cache=from_cache)
+
+    def _run(self, text: str, pair: str | None, *, model: str | ModelSpec | None,
+             layers: Selection, heads: Selection, max_tokens: int | None, truncate: bool,
+             use_cache: bool | None, write_cache: bool, options: dict[str, Any],
+             forward: Callable[[AttentionSource, list[int] | None, list[int] | None],
+                               tuple[_T, Capture]],
+             from_cache: Callable[[Capture], _T]) -> _T:
+        """The steps :meth:`capture` and :meth:`dump` share: check the request, answer from
+        the cache (``from_cache``) or validate, load and run ``forward`` under the model's
+        forward lock, then keep the fresh capture in the cache (when ``write_cache``)."""
         spec = make_spec(model, **options)
-        check_text(text)
-        if pair is not None:
-            check_text(pair, "the pair text")
-        layer_text, head_text = _selections(layers, heads)
-        _check_max_tokens(max_tokens)
+        layer_text, head_text = _checked_request(text, pair, layers, heads, max_tokens)
         cache_on = self.use_cache if use_cache is None else use_cache
         if cache_on:
             from attnviz.cache import cached_capture
@@ -386,18 +408,16 @@ class Session:
                                  max_tokens=max_tokens, truncate=truncate,
                                  warn=self._cache_warn)
             if hit is not None:
-                return write_capture(hit, path, float16=float16), hit
-        self.validate(spec, layers=layer_text, heads=head_text)
+                return from_cache(hit)
+        self.validate(spec, layers=layer_text, heads=head_text)  # before loading the weights
         source = self.source(spec)
         layer_list, head_list = self._resolve(source, layer_text, head_text)
         with self._forward_lock(spec):
-            npy_path, capture = stream_capture(source, text, path, pair=pair, layers=layer_list,
-                                               heads=head_list, max_tokens=max_tokens,
-                                               truncate=truncate, float16=float16)
+            result, capture = forward(source, layer_list, head_list)
             self.forwards += 1
-        if cache_on and write_cache and not float16:
+        if cache_on and write_cache:
             self._keep(spec, text, pair, capture, layer_text, head_text, max_tokens, truncate)
-        return npy_path, capture
+        return result
 
     def captures(self, texts: Sequence[tuple[str, str | None]], *,
                  model: str | ModelSpec | None = None, batch_size: int = 8,

@@ -12,13 +12,11 @@ network request blocked. Chromium comes from the system (``bash scripts/install_
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
-from screenshot_report import CHROMIUM_ARGS, _shrink, chromium_binary
+from chromium_shot import finish, guarded_page, png_parser, written
 
 SAMPLE_TEXT = "The cat sat on the mat because it was warm."
 CAPTIONS = [
@@ -41,8 +39,6 @@ def screenshot_views(png_path: Path | str, *, width: int = 1000, height: int = 1
     Raises:
         RuntimeError: the page reached for the network or logged an error.
     """
-    from playwright.sync_api import sync_playwright
-
     import attnviz
     from attnviz.notebook import preview_page
 
@@ -55,46 +51,18 @@ def screenshot_views(png_path: Path | str, *, width: int = 1000, height: int = 1
     with tempfile.TemporaryDirectory() as folder:
         page_path = Path(folder) / "views.html"
         page_path.write_text(preview_page(views, captions=CAPTIONS), encoding="utf-8")
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=chromium_binary(),
-                                                 args=CHROMIUM_ARGS)
-            try:
-                context = browser.new_context(viewport={"width": width, "height": height})
-
-                def guard(route: Any) -> None:
-                    if route.request.url.startswith(("file:", "data:", "blob:")):
-                        route.continue_()
-                    else:
-                        problems.append(f"network request: {route.request.url}")
-                        route.abort()
-
-                context.route("**/*", guard)
-                page = context.new_page()
-                page.on("console",
-                        lambda m: problems.append(m.text) if m.type == "error" else None)
-                page.on("pageerror", lambda error: problems.append(str(error)))
-                page.goto(page_path.as_uri())
-                for i in range(len(views)):
-                    page.wait_for_selector(f"#view{i}[data-ready='1']", timeout=30_000)
-                page.hover(f"#view0 #hv-left .tok[data-i='{hover_query}']")
-                page.screenshot(path=str(png_path))
-            finally:
-                browser.close()
-    if problems:
-        raise RuntimeError("the views misbehaved: " + "; ".join(problems))
-    _shrink(png_path)
-    return png_path
+        with guarded_page(width, height, ("file:",), problems) as page:
+            page.goto(page_path.as_uri())
+            for i in range(len(views)):
+                page.wait_for_selector(f"#view{i}[data-ready='1']", timeout=30_000)
+            page.hover(f"#view0 #hv-left .tok[data-i='{hover_query}']")
+            page.screenshot(path=str(png_path))
+    return finish(png_path, problems, "the views")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("png", type=Path, help="the screenshot to write")
-    parser.add_argument("--width", type=int, default=1000)
-    parser.add_argument("--height", type=int, default=1440)
-    args = parser.parse_args(argv)
-    path = screenshot_views(args.png, width=args.width, height=args.height)
-    print(f"{path} ({path.stat().st_size / 1000:.0f} KB)")
-    return 0
+    args = png_parser(__doc__, width=1000, height=1440).parse_args(argv)
+    return written(screenshot_views(args.png, width=args.width, height=args.height))
 
 
 if __name__ == "__main__":

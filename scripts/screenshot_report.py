@@ -14,26 +14,14 @@ larger than 300 KB.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
-MAX_BYTES = 300_000
+from chromium_shot import finish, guarded_page, written
+
 SAMPLE_TEXT = "The cat sat on the mat because it was warm."
 SAMPLE_FRAGMENT = "#view=head&layer=5&heads=4,11"  # "it" looks at "cat" here
-
-
-def chromium_binary() -> str:
-    """The system Chromium, or a clear error naming the install script."""
-    for candidate in ("/usr/bin/chromium", shutil.which("chromium"),
-                      shutil.which("chromium-browser")):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    raise SystemExit("error: no Chromium found; install it with: bash scripts/install_browser.sh")
 
 
 def screenshot_report(html_path: Path | str, png_path: Path | str, *, fragment: str = "",
@@ -55,51 +43,17 @@ def screenshot_report(html_path: Path | str, png_path: Path | str, *, fragment: 
     Raises:
         RuntimeError: the page reached for the network or logged an error.
     """
-    from playwright.sync_api import sync_playwright
-
     html_path = Path(html_path).resolve()
     png_path = Path(png_path)
     png_path.parent.mkdir(parents=True, exist_ok=True)
     problems: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium_binary(),
-                                             args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(viewport={"width": width, "height": height})
-
-            def guard(route: Any) -> None:
-                if route.request.url.startswith(("file:", "data:", "blob:")):
-                    route.continue_()
-                else:
-                    problems.append(f"network request: {route.request.url}")
-                    route.abort()
-
-            context.route("**/*", guard)
-            page = context.new_page()
-            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda error: problems.append(str(error)))
-            page.goto(html_path.as_uri() + fragment)
-            page.wait_for_selector("html[data-ready='1']", timeout=30_000)
-            if hover_query is not None:
-                page.hover(f"#hv-left .tok[data-i='{hover_query}']")
-            page.screenshot(path=str(png_path))
-        finally:
-            browser.close()
-    if problems:
-        raise RuntimeError("the report misbehaved: " + "; ".join(problems))
-    _shrink(png_path)
-    return png_path
-
-
-def _shrink(png_path: Path) -> None:
-    """Re-encode a large screenshot with a 256-colour palette (UI pictures lose nothing)."""
-    if png_path.stat().st_size <= MAX_BYTES:
-        return
-    from PIL import Image
-
-    with Image.open(png_path) as image:
-        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
-    small.save(png_path, optimize=True)
+    with guarded_page(width, height, ("file:",), problems) as page:
+        page.goto(html_path.as_uri() + fragment)
+        page.wait_for_selector("html[data-ready='1']", timeout=30_000)
+        if hover_query is not None:
+            page.hover(f"#hv-left .tok[data-i='{hover_query}']")
+        page.screenshot(path=str(png_path))
+    return finish(png_path, problems, "the report")
 
 
 def make_sample(png_path: Path | str) -> Path:
@@ -131,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                                  width=args.width, height=args.height, hover_query=args.hover)
     else:
         parser.error("give REPORT and PNG, or --sample PNG")
-    print(f"{path} ({path.stat().st_size / 1000:.0f} KB)")
-    return 0
+    return written(path)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ and saves the viewport. Chromium comes from the system (``bash scripts/install_b
 
 from __future__ import annotations
 
-import argparse
 import os
 import queue
 import re
@@ -22,10 +21,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote_plus
 
-from screenshot_report import CHROMIUM_ARGS, _shrink, chromium_binary
+from chromium_shot import finish, guarded_page, png_parser, written
 
 SAMPLE_TEXT = "The cat sat on the mat because it was warm."
 SAMPLE_FRAGMENT = "#text=" + quote_plus(SAMPLE_TEXT) + "&view=head&layer=5&heads=4,11&query=8"
@@ -77,57 +75,26 @@ def warm_up(url: str) -> None:
 
 def screenshot_serve(png_path: Path | str, *, width: int = 1280, height: int = 720) -> Path:
     """Screenshot of the live page with MiniLM, the head view and the row of "it"."""
-    from playwright.sync_api import sync_playwright
-
     png_path = Path(png_path)
     png_path.parent.mkdir(parents=True, exist_ok=True)
     problems: list[str] = []
     process, url = start_server()
     try:
         warm_up(url)  # load the model first, so the page shows a warm request's time
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=chromium_binary(),
-                                                 args=CHROMIUM_ARGS)
-            try:
-                context = browser.new_context(viewport={"width": width, "height": height})
-
-                def guard(route: Any) -> None:
-                    if route.request.url.startswith((url, "data:", "blob:")):
-                        route.continue_()
-                    else:
-                        problems.append(f"network request: {route.request.url}")
-                        route.abort()
-
-                context.route("**/*", guard)
-                page = context.new_page()
-                page.on("console",
-                        lambda m: problems.append(m.text) if m.type == "error" else None)
-                page.on("pageerror", lambda error: problems.append(str(error)))
-                page.goto(url + SAMPLE_FRAGMENT)
-                page.wait_for_selector("html[data-ready='1']", state="attached",
-                                       timeout=120_000)
-                page.wait_for_selector("#row-panel:not([hidden])", timeout=30_000)
-                page.wait_for_timeout(300)
-                page.screenshot(path=str(png_path))
-            finally:
-                browser.close()
+        with guarded_page(width, height, (url,), problems) as page:
+            page.goto(url + SAMPLE_FRAGMENT)
+            page.wait_for_selector("html[data-ready='1']", state="attached", timeout=120_000)
+            page.wait_for_selector("#row-panel:not([hidden])", timeout=30_000)
+            page.wait_for_timeout(300)
+            page.screenshot(path=str(png_path))
     finally:
         stop_server(process)
-    if problems:
-        raise RuntimeError("the live page misbehaved: " + "; ".join(problems))
-    _shrink(png_path)
-    return png_path
+    return finish(png_path, problems, "the live page")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("png", type=Path, help="the screenshot to write")
-    parser.add_argument("--width", type=int, default=1280)
-    parser.add_argument("--height", type=int, default=720)
-    args = parser.parse_args(argv)
-    path = screenshot_serve(args.png, width=args.width, height=args.height)
-    print(f"{path} ({path.stat().st_size / 1000:.0f} KB)")
-    return 0
+    args = png_parser(__doc__, width=1280, height=720).parse_args(argv)
+    return written(screenshot_serve(args.png, width=args.width, height=args.height))
 
 
 if __name__ == "__main__":

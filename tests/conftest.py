@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -79,6 +80,15 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                       tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium driven by Playwright, one per test module (see ``tests/_browser.py``);
+    skips the module's browser tests when no Chromium binary is installed."""
+    from tests._browser import launch_chromium
+
+    yield from launch_chromium()
+
+
 @pytest.fixture
 def runner() -> CliRunner:
     return CliRunner()
@@ -97,9 +107,8 @@ def invoke(runner: CliRunner) -> Callable[..., object]:
     return run
 
 
-@pytest.fixture
-def cli_minilm(monkeypatch: pytest.MonkeyPatch, minilm):
-    """Make CLI commands reuse the session's MiniLM instead of loading it again."""
+def _reuse_minilm(patch: pytest.MonkeyPatch, minilm) -> None:
+    """Make float32 loads of MiniLM return the session's MiniLM instead of loading it again."""
     import attnviz.models as models
 
     real = models.load_source
@@ -110,5 +119,20 @@ def cli_minilm(monkeypatch: pytest.MonkeyPatch, minilm):
             return minilm
         return real(spec)
 
-    monkeypatch.setattr(models, "load_source", load)
+    patch.setattr(models, "load_source", load)
+
+
+@pytest.fixture
+def cli_minilm(monkeypatch: pytest.MonkeyPatch, minilm):
+    """Make CLI commands reuse the session's MiniLM instead of loading it again."""
+    _reuse_minilm(monkeypatch, minilm)
     return minilm
+
+
+@pytest.fixture(scope="module")
+def patched_minilm(minilm) -> Iterator[Any]:
+    """Model loads of 'minilm' return the test session's MiniLM, for a whole test module."""
+    patch = pytest.MonkeyPatch()
+    _reuse_minilm(patch, minilm)
+    yield minilm
+    patch.undo()

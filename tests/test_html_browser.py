@@ -7,7 +7,6 @@ Chromium binary is installed (``bash scripts/install_browser.sh`` installs it).
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,36 +20,11 @@ from attnviz.analysis.tokens import exclude_special, merge_words
 from attnviz.analysis.topk import top_k
 from attnviz.capture import Capture
 from attnviz.render.html import write_report
+from tests._browser import watch
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 WORDY = "Tokenization of unbelievable sentences is surprisingly tricky."
-
-
-def chromium_binary() -> str | None:
-    for candidate in ("/usr/bin/chromium", shutil.which("chromium"),
-                      shutil.which("chromium-browser")):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    return None
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    binary = chromium_binary()
-    if binary is None:
-        pytest.skip("no Chromium binary: install Debian's chromium with "
-                    "`bash scripts/install_browser.sh`")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("Chromium is installed but Playwright is not: pip install -e '.[test]'")
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 @dataclass
@@ -89,27 +63,8 @@ def open_report(browser: Any) -> Iterator[Any]:
         contexts.append(context)
         page = context.new_page()
         opened = Opened(page=page)
-
-        def guard(route: Any) -> None:
-            url = route.request.url
-            if url.startswith(("file:", "data:", "blob:")):
-                route.continue_()
-            else:
-                opened.outside_requests.append(url)
-                route.abort()
-
-        context.route("**/*", guard)
-        page.on("request", lambda request: None if request.url.startswith(
-            ("file:", "data:", "blob:")) else opened.outside_requests.append(request.url))
-        page.on("console", lambda message: opened.console_errors.append(message.text)
-                if message.type == "error" else None)
-        page.on("pageerror", lambda error: opened.console_errors.append(str(error)))
-
-        def on_dialog(dialog: Any) -> None:
-            opened.dialogs.append(dialog.message)
-            dialog.dismiss()
-
-        page.on("dialog", on_dialog)
+        watch(context, page, ("file:", "data:", "blob:"), opened.outside_requests,
+              opened.console_errors, requests=True, dialogs=opened.dialogs)
         start = time.perf_counter()
         page.goto(path.resolve().as_uri() + fragment)
         page.wait_for_selector("html[data-ready='1']", timeout=30_000)

@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from attnviz.capture import Capture, load_capture
 from attnviz.errors import UsageError
 from attnviz.notebook import MAX_REPR_WEIGHTS, preview_page, static_html
 from attnviz.render.html import read_report_data
-from tests.test_html_browser import CHROMIUM_ARGS, chromium_binary
+from tests._browser import watch
 
 pytestmark = pytest.mark.slow
 
@@ -60,21 +59,6 @@ second.layer = 3
 print(json.dumps({{"first": [first.layer, first.heads], "second": [second.layer, second.head]}}))
 second""",
 ]
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    """Headless Debian Chromium driven by Playwright (as in the HTML report's browser tests)."""
-    binary = chromium_binary()
-    if binary is None:
-        pytest.skip("no Chromium binary: install Debian's chromium with "
-                    "`bash scripts/install_browser.sh`")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture(scope="module")
@@ -166,25 +150,13 @@ def _srcdoc(fragment: str) -> str:
 class Page:
     """A page open in a fresh context; every request but file: and data: is blocked, recorded."""
 
-    def __init__(self, chromium: Any, width: int = 1100, height: int = 900) -> None:
-        self.context = chromium.new_context(viewport={"width": width, "height": height})
+    def __init__(self, browser: Any, width: int = 1100, height: int = 900) -> None:
+        self.context = browser.new_context(viewport={"width": width, "height": height})
         self.outside: list[str] = []
         self.errors: list[str] = []
-
-        def guard(route: Any) -> None:
-            if route.request.url.startswith(("file:", "data:")):
-                route.continue_()
-            else:
-                self.outside.append(route.request.url)
-                route.abort()
-
-        self.context.route("**/*", guard)
         self.page = self.context.new_page()
-        self.page.on("request", lambda request: None if request.url.startswith(
-            ("file:", "data:")) else self.outside.append(request.url))
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error"
-                     else None)
-        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        watch(self.context, self.page, ("file:", "data:"), self.outside, self.errors,
+              requests=True)
 
     def assert_clean(self) -> None:
         assert self.outside == [], "the view reached for the network"
@@ -214,14 +186,14 @@ def _tooltip_weights(frame: Any) -> list[tuple[int, float]]:
     return [(int(i), float(w)) for i, w in rows]
 
 
-def test_fallback_paints_offline_and_shows_the_capture(executed, chromium,
+def test_fallback_paints_offline_and_shows_the_capture(executed, browser,
                                                        tmp_path: Path) -> None:
     from PIL import Image
 
     notebook, out = executed
     cap_gpt2, cap_minilm = load_capture(out / "gpt2"), load_capture(out / "minilm")
     tolerance = STEP_8BIT / 2 + 0.5e-3 + 1e-6
-    opened = Page(chromium)
+    opened = Page(browser)
     try:
         # The GPT-2 heatmap of layer 1, head 2: each hovered cell shows the capture's weight.
         page_path = tmp_path / "first.html"
@@ -278,14 +250,14 @@ def test_fallback_paints_offline_and_shows_the_capture(executed, chromium,
 
 
 # --------------------------------------------------------------------------- the widget's module
-def test_widget_module_two_views_on_one_page_sync_both_ways(chromium, minilm_capture: Capture,
+def test_widget_module_two_views_on_one_page_sync_both_ways(browser, minilm_capture: Capture,
                                                             tmp_path: Path) -> None:
     """The ES module the widget ships, run as anywidget runs it, twice on one page."""
     views = [attnviz.show(minilm_capture, view="head", layer=2),
              attnviz.show(minilm_capture.select(layers=[4, 5], heads=[1, 2, 3]),
                           view="heatmap", layer=5, head=3)]
     assert views[0]._esm == views[1]._esm
-    opened = Page(chromium)
+    opened = Page(browser)
     try:
         page = opened.page
         page.set_content(preview_page(views))

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-import attnviz.models as models
 from attnviz.analysis.tokens import token_view
 from attnviz.analysis.topk import topk_rows
 from attnviz.capture import load_capture
@@ -35,23 +34,6 @@ from attnviz.session import Session
 
 SENTENCE = "The cat sat on the mat"
 BASE = "http://127.0.0.1:8000"
-
-
-@pytest.fixture(scope="module")
-def patched_minilm(minilm: Any) -> Iterator[Any]:
-    """Model loads of 'minilm' return the test session's MiniLM (loaded once)."""
-    patch = pytest.MonkeyPatch()
-    real = models.load_source
-
-    def load(spec: Any = None) -> Any:
-        name = spec if isinstance(spec, str) else getattr(spec, "name", "minilm")
-        if name == "minilm" and getattr(spec, "dtype", "float32") == "float32":
-            return minilm
-        return real(spec)
-
-    patch.setattr(models, "load_source", load)
-    yield minilm
-    patch.undo()
 
 
 @pytest.fixture(scope="module")

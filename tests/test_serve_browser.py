@@ -29,7 +29,7 @@ import pytest
 
 from attnviz.analysis.explain import explain_head
 from attnviz.models.toy import ToyConfig
-from tests.test_html_browser import CHROMIUM_ARGS, chromium_binary
+from tests._browser import watch
 
 pytestmark = pytest.mark.slow
 
@@ -83,20 +83,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         process.wait(timeout=30)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    binary = chromium_binary()
-    if binary is None:
-        pytest.skip("no Chromium binary: install Debian's chromium with "
-                    "`bash scripts/install_browser.sh`")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
-
-
 @dataclass
 class Opened:
     page: Any
@@ -136,24 +122,8 @@ def open_page(browser: Any, server: Server) -> Iterator[Any]:
         contexts.append(context)
         page = context.new_page()
         opened = Opened(page)
-
-        def guard(route: Any) -> None:
-            url = route.request.url
-            if url.startswith((server.url, "data:", "blob:")):
-                route.continue_()
-            else:
-                opened.outside.append(url)
-                route.abort()
-
-        context.route("**/*", guard)
-        page.on("console", lambda m: opened.errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda error: opened.errors.append(str(error)))
-
-        def on_dialog(dialog: Any) -> None:
-            opened.dialogs.append(dialog.message)
-            dialog.dismiss()
-
-        page.on("dialog", on_dialog)
+        watch(context, page, (server.url, "data:", "blob:"), opened.outside, opened.errors,
+              dialogs=opened.dialogs)
         page.goto(server.url + fragment)
         if wait:
             opened.wait_updates(1, timeout_s=120)  # the first text loads MiniLM

@@ -235,6 +235,26 @@ class Comparison:
     aligned_b: np.ndarray | None = None
     unit: str = "token"
 
+    def changes_within(self, rows: list[int], cols: list[int], top: int
+                       ) -> list[dict[str, object]]:
+        """The largest changes among the aligned ``rows`` x ``cols`` (pair indices), e.g. the
+        cells of a zoom window; indices in the result stay those of the whole alignment."""
+        if self.alignment is None or self.aligned_a is None or self.aligned_b is None:
+            return []
+        labels = self.alignment.labels
+        cells = np.ix_(rows, cols)
+        changes = largest_changes(self.aligned_a[cells], self.aligned_b[cells],
+                                  [labels[i] for i in rows], top,
+                                  key_tokens=[labels[j] for j in cols])
+        for change in changes:
+            i = rows[int(change["query_index"])]  # type: ignore[call-overload]
+            j = cols[int(change["key_index"])]  # type: ignore[call-overload]
+            change.update(query_index=i, key_index=j)
+            if self.alignment.method == "words":
+                change.update(a_query_index=self.alignment.a[i], a_key_index=self.alignment.a[j],
+                              b_query_index=self.alignment.b[i], b_key_index=self.alignment.b[j])
+        return changes
+
     @property
     def aligned(self) -> bool:
         """Whether there is a difference map."""
@@ -333,14 +353,11 @@ def compare_captures(a: Capture, b: Capture, layer: int = -1, head: int | str = 
         side_a, side_b = side_of(words_a, layer, head), side_of(words_b, layer, head)
         matrix_a = side_a.matrix[np.ix_(alignment.a, alignment.a)]
         matrix_b = side_b.matrix[np.ix_(alignment.b, alignment.b)]
-    changes = largest_changes(matrix_a, matrix_b, alignment.labels, top)
-    if alignment.method == "words":
-        for change in changes:
-            i, j = int(change["query_index"]), int(change["key_index"])  # type: ignore[call-overload]
-            change.update(a_query_index=alignment.a[i], a_key_index=alignment.a[j],
-                          b_query_index=alignment.b[i], b_key_index=alignment.b[j])
-    return Comparison(side_a, side_b, alignment, difference(matrix_a, matrix_b), changes,
-                      np.asarray(matrix_a), np.asarray(matrix_b), unit)
+    comparison = Comparison(side_a, side_b, alignment, difference(matrix_a, matrix_b), [],
+                            np.asarray(matrix_a), np.asarray(matrix_b), unit)
+    every = list(range(alignment.size))
+    comparison.changes = comparison.changes_within(every, every, top)
+    return comparison
 
 
 def format_changes(changes: list[dict[str, object]], fmt: str, where: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,6 +95,16 @@ def merge_words(capture: Capture) -> Capture:
     )
 
 
+#: A position as a user types it: ASCII digits, one optional minus (``str.isdigit`` also
+#: accepts ``'²'``, which ``int`` refuses).
+_POSITION = re.compile(r"-?[0-9]+")
+
+
+def is_position(text: str) -> bool:
+    """Whether ``text`` reads as a (possibly negative) position that ``int`` accepts."""
+    return _POSITION.fullmatch(text.strip()) is not None
+
+
 def find_token(display_tokens: list[str], spec: str) -> int:
     """Position of the token a user named with ``--token``.
 
@@ -112,9 +123,9 @@ def find_token(display_tokens: list[str], spec: str) -> int:
     text = spec.strip()
     word, occurrence = text, 1
     head, sep, tail = text.rpartition(":")
-    if sep and head and tail.strip().isdigit():
+    if sep and head and is_position(tail) and not tail.strip().startswith("-"):
         word, occurrence = head, int(tail)
-    elif text.lstrip("-").isdigit():
+    elif is_position(text):
         index = int(text)
         size = len(display_tokens)
         if -size <= index < size:
@@ -256,7 +267,7 @@ def _window_end(part: str, tokens: list[str], option: str, after: int, end: bool
 
     size = len(tokens)
     text = part.strip()
-    if text.lstrip("-").isdigit():
+    if is_position(text):
         index = int(text)
         if not -size <= index <= size:
             raise UsageError(f"{option} {index} is out of range: the input has {size} tokens "

@@ -98,8 +98,10 @@ def _compare_captures(texts: tuple[str, str], models: tuple[str | None, str | No
 
 
 def _panels(comparison: Any, labels: tuple[str, str], tokens: str | None,
-            queries: str | None, keys: str | None) -> tuple[Any, Any, Any, str]:
-    """The three panels of the figure, cut to the windows; and the window's title note.
+            queries: str | None, keys: str | None
+            ) -> tuple[Any, Any, Any, str, tuple[list[int], list[int]]]:
+    """The three panels of the figure, cut to the windows; the window's title note; and the
+    aligned pairs (rows, columns) inside the window.
 
     A window is resolved on each side's own tokens (a token's text may sit elsewhere in B);
     the difference panel keeps the aligned pairs whose A positions are inside A's window.
@@ -132,6 +134,8 @@ def _panels(comparison: Any, labels: tuple[str, str], tokens: str | None,
             inside(rows, start), inside(cols, start)))
         windows.append((rows, cols))
     diff = None
+    keep_rows: list[int] = []
+    keep_cols: list[int] = []
     if alignment is not None and comparison.diff is not None:
         rows, cols = windows[0]
         keep_rows = [i for i, a in enumerate(alignment.a) if rows.start <= a < rows.stop]
@@ -144,7 +148,8 @@ def _panels(comparison: Any, labels: tuple[str, str], tokens: str | None,
                          [n for n, i in enumerate(keep_rows) if i in changed],
                          [n for n, j in enumerate(keep_cols) if j in changed])
     window = window_note(*windows[0])
-    return panels[0], panels[1], diff, f" ({window} of A)" if window else ""
+    return (panels[0], panels[1], diff, f" ({window} of A)" if window else "",
+            (keep_rows, keep_cols))
 
 
 def _excerpt(text: str, size: int = 32) -> str:
@@ -292,8 +297,10 @@ def compare_command(
     comparison = compare_captures(cap_a, cap_b, layer, head_choice, top=top, words=words,
                                   exclude_special=exclude_special)
     where = comparison.where
-    panel_a, panel_b, panel_d, window = _panels(comparison, (label_a, label_b), tokens,
-                                                queries, keys)
+    panel_a, panel_b, panel_d, window, (rows, cols) = _panels(
+        comparison, (label_a, label_b), tokens, queries, keys)
+    if window and comparison.aligned:  # list the changes the figure shows, not the whole map
+        comparison.changes = comparison.changes_within(rows, cols, top)
     fig = figures.draw_comparison(panel_a, panel_b, titles=(label_a, label_b),
                                   title=comparison.title + window, diff=panel_d, cmap=cmap,
                                   annot=annot, scale=colour_scale, dpi=dpi)

@@ -92,8 +92,14 @@ def dequantise(values: np.ndarray, bits: int) -> np.ndarray:
     return np.asarray(values, dtype=np.float32) / np.float32((1 << bits) - 1)
 
 
-def encode_weights(weights: np.ndarray, bits: int = DEFAULT_PRECISION) -> dict[str, Any]:
-    """Quantise, compress and base64-encode a ``[layer, head, query, key]`` array."""
+def encode_weights(weights: np.ndarray, bits: int = DEFAULT_PRECISION, *,
+                   fast: bool = False) -> dict[str, Any]:
+    """Quantise, compress and base64-encode a ``[layer, head, query, key]`` array.
+
+    ``fast`` compresses for speed (a live server, where the time to answer matters more than
+    bytes): blocks past 1 MiB are stored uncompressed (zlib level 0), smaller ones at level 1;
+    otherwise level 6. The decoder reads either.
+    """
     quantised = np.ascontiguousarray(quantise(weights, bits))
     if bits == 8:
         raw = quantised.tobytes()
@@ -105,8 +111,14 @@ def encode_weights(weights: np.ndarray, bits: int = DEFAULT_PRECISION) -> dict[s
         "bits": bits,
         "layout": "bytes" if bits == 8 else "byte-planes-le",
         "shape": [int(n) for n in quantised.shape],
-        "data": base64.b64encode(zlib.compress(raw, 6)).decode("ascii"),
+        "data": base64.b64encode(zlib.compress(raw, _level(len(raw), fast))).decode("ascii"),
     }
+
+
+def _level(size: int, fast: bool) -> int:
+    if not fast:
+        return 6
+    return 1 if size <= 1 << 20 else 0
 
 
 def decode_weights(block: dict[str, Any]) -> np.ndarray:
@@ -172,7 +184,7 @@ def head_stats(capture: Capture) -> list[dict[str, Any]] | None:
     return [{str(key): _json_number(value) for key, value in row.items()} for row in rows]
 
 
-def _word_units(capture: Capture) -> dict[str, Any] | None:
+def word_units(capture: Capture) -> dict[str, Any] | None:
     """Word groups as :func:`attnviz.analysis.tokens.merge_words` forms them; None if 1:1."""
     from attnviz.analysis.tokens import join_pieces, word_groups
 
@@ -205,7 +217,7 @@ def doc_data(capture: Capture, *, precision: int = DEFAULT_PRECISION) -> dict[st
         "display_tokens": list(capture.display_tokens),
         "special": [bool(s) for s in capture.special],
         "word_ids": [None if w is None else int(w) for w in capture.word_ids],
-        "words": _word_units(capture),
+        "words": word_units(capture),
         "stats": head_stats(capture),
         "weights": encode_weights(np.asarray(capture.weights), precision),
     }

@@ -37,10 +37,8 @@ from attnviz.errors import (
 from attnviz.session import (
     Selection,
     Session,
-    _check_max_tokens,
-    _selections,
+    _checked_request,
     _text_pairs,
-    check_text,
     make_spec,
     spec_key,
 )
@@ -295,11 +293,7 @@ class RemoteSession(Session):
         are the server's business and are ignored here.
         """
         spec = self._spec(model, **options)
-        check_text(text)
-        if pair is not None:
-            check_text(pair, "the pair text")
-        layer_text, head_text = _selections(layers, heads)
-        _check_max_tokens(max_tokens)
+        layer_text, head_text = _checked_request(text, pair, layers, heads, max_tokens)
         body = {**self._model_fields(spec), "text": text, "pair": pair,
                 "layers": layer_text, "heads": head_text,
                 "max_tokens": max_tokens, "truncate": truncate, "weights": "float32"}

@@ -535,18 +535,6 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def word_units(capture: Capture) -> dict[str, Any] | None:
-    """Word groups, labels and special flags as the report reads them; ``None`` if 1:1."""
-    from attnviz.analysis.tokens import join_pieces, word_groups
-
-    groups = word_groups(capture)
-    if len(groups) == capture.num_tokens:
-        return None
-    labels = [join_pieces([capture.display_tokens[i] for i in group]) for group in groups]
-    return {"groups": groups, "labels": labels,
-            "special": [bool(capture.special[group[0]]) for group in groups]}
-
-
 def encode_float32(weights: Any) -> dict[str, Any]:
     """Exact weights: little-endian float32 bytes, base64-encoded."""
     import numpy as np
@@ -564,23 +552,9 @@ def encode_quantised(weights: Any, bits: int) -> dict[str, Any]:
     compress only about 1.5x (the low bytes are noise) at ~15 MB/s on a slow core, so blocks
     past 1 MiB are stored uncompressed (zlib level 0) and smaller ones use level 1.
     """
-    import zlib
+    from attnviz.render.html import encode_weights
 
-    import numpy as np
-
-    from attnviz.render.html import quantise
-
-    quantised = np.ascontiguousarray(quantise(weights, bits))
-    if bits == 8:
-        raw = quantised.tobytes()
-    else:  # byte planes: low bytes first, then high bytes
-        pairs = quantised.astype("<u2").view(np.uint8).reshape(-1, 2)
-        raw = np.ascontiguousarray(pairs.T).tobytes()
-    return {"encoding": "zlib-base64", "bits": bits,
-            "layout": "bytes" if bits == 8 else "byte-planes-le",
-            "shape": [int(n) for n in quantised.shape],
-            "data": base64.b64encode(zlib.compress(raw, 1 if len(raw) <= 1 << 20 else 0)
-                                     ).decode("ascii")}
+    return encode_weights(weights, bits, fast=True)
 
 
 def capture_payload(capture: Capture, *, weights: str = "q8", stats: bool = False
@@ -591,7 +565,7 @@ def capture_payload(capture: Capture, *, weights: str = "q8", stats: bool = Fals
     The same record is one document of the HTML report (``attnviz.render.html.doc_data``), so
     the page draws it with the report's own front end.
     """
-    from attnviz.render.html import head_stats
+    from attnviz.render.html import head_stats, word_units
 
     payload = _plain(capture.sidecar())
     payload["words"] = word_units(capture)

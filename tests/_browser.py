@@ -1,0 +1,78 @@
+"""Headless Chromium for the browser tests (Debian's ``chromium``, driven by Playwright).
+
+The ``browser`` fixture in ``conftest.py`` launches it once per test module; :func:`watch` wires
+a page so that requests outside the allowed addresses are aborted and recorded, and console
+errors, page errors and dialogs are collected for the test to assert on.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def chromium_binary() -> str | None:
+    for candidate in ("/usr/bin/chromium", shutil.which("chromium"),
+                      shutil.which("chromium-browser")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+def launch_chromium() -> Iterator[Any]:
+    """Yield a launched browser, closed afterwards; skip the tests when no Chromium is installed."""
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no Chromium binary: install Debian's chromium with "
+                    "`bash scripts/install_browser.sh`")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("Chromium is installed but Playwright is not: pip install -e '.[test]'")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+def watch(context: Any, page: Any, allowed: Sequence[str], outside: list[str],
+          errors: list[str], *, requests: bool = False, dialogs: list[str] | None = None
+          ) -> None:
+    """Abort and record in ``outside`` every request of ``context`` whose address does not start
+    with one of ``allowed``; record ``page``'s console errors and page errors in ``errors``.
+
+    ``requests`` also records outside requests from the page's own request events;
+    ``dialogs`` records the messages of dialogs, which are dismissed.
+    """
+    prefixes = tuple(allowed)
+
+    def guard(route: Any) -> None:
+        url = route.request.url
+        if url.startswith(prefixes):
+            route.continue_()
+        else:
+            outside.append(url)
+            route.abort()
+
+    context.route("**/*", guard)
+    if requests:
+        page.on("request", lambda request: None if request.url.startswith(prefixes)
+                else outside.append(request.url))
+    page.on("console", lambda message: errors.append(message.text)
+            if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    if dialogs is not None:
+        noted = dialogs
+
+        def on_dialog(dialog: Any) -> None:
+            noted.append(dialog.message)
+            dialog.dismiss()
+
+        page.on("dialog", on_dialog)
