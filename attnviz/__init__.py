@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 # numpy and everything heavier load on first use.
 import attnviz.capture as _capture_module
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture

@@ -175,16 +175,16 @@ def _jsonl_item(line: str, origin: str) -> ExportItem:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
-        return ExportItem(origin=origin, error=f"{origin} is not valid JSON ({exc.msg})")
+        return ExportItem(origin=origin, error=f"not valid JSON ({exc.msg})")
     if not isinstance(record, dict):
-        return ExportItem(origin=origin, error=f"{origin} is not a JSON object")
+        return ExportItem(origin=origin, error="not a JSON object")
     text, pair, ident = record.get("text"), record.get("pair"), record.get("id")
     if not isinstance(text, str):
-        return ExportItem(origin=origin, error=f"{origin} has no \"text\" string")
+        return ExportItem(origin=origin, error="no \"text\" string")
     if pair is not None and not isinstance(pair, str):
-        return ExportItem(origin=origin, error=f"{origin}: \"pair\" must be a string")
+        return ExportItem(origin=origin, error="\"pair\" must be a string")
     if ident is not None and not isinstance(ident, (str, int)):
-        return ExportItem(origin=origin, error=f"{origin}: \"id\" must be a string or a number")
+        return ExportItem(origin=origin, error="\"id\" must be a string or a number")
     return ExportItem(text=text, pair=pair, id=None if ident is None else str(ident),
                       origin=origin)
 
@@ -1464,7 +1464,7 @@ class Exporter:
             self._seen[key] = identity
             return None
         if previous != identity:
-            raise InputError(f"{label}: id {item.id!r} is used by another text in this input",
+            raise InputError(f"id {item.id!r} is used by another text in this input",
                              "give every JSONL line its own id")
         self.summary.skipped += 1
         self.progress.end_text(label, "skipped", f"the same text as before ({name})")

@@ -1,6 +1,9 @@
 """Defects found by using the commands as a new user, a hostile user and a domain expert would.
 
-Each test failed before its fix: the compare table outside the zoom window, and the others below.
+Each test failed before its fix: compare's changes outside its zoom window, zooming on a changed
+word, '+0.000' rows listed as changes and layer/head checks after loading; positions such as '²'
+that crashed with a traceback; export checking --layers/--heads only after loading the model, and
+its failures naming their input line twice.
 """
 
 from __future__ import annotations
@@ -64,3 +67,101 @@ def test_token_choice_with_odd_numbers_is_a_usage_error(invoke, tmp_path: Path) 
                 assert result.exit_code == 2, (command, result.output)
                 assert "no token" in result.output
 
+
+def _forbid_loading(monkeypatch) -> list[str]:
+    import attnviz.models as models
+
+    tried: list[str] = []
+
+    def load(spec=None):
+        tried.append(getattr(spec, "name", str(spec)))
+        raise AssertionError(f"the model {tried[-1]} was loaded")
+
+    monkeypatch.setattr(models, "load_source", load)
+    return tried
+
+
+def test_export_checks_layers_and_heads_before_loading(invoke, monkeypatch, tmp_path) -> None:
+    """export --layers 9 on a 6-layer model: said at once, from the config, not after loading."""
+    tried = _forbid_loading(monkeypatch)
+    for option, value, what in (("--layers", "0,3", "layer 3"), ("--heads", "5", "head 5")):
+        for model in (("--model", "toy"), ()):  # the toy's options; MiniLM's config.json
+            if not model:
+                value = value.replace("3", "9").replace("5", "20")
+                what = what.replace("3", "9").replace("5", "20")
+            result = invoke("export", "a new text", *model, option, value,
+                            "-o", tmp_path / "out")
+            assert result.exit_code == 2, result.output
+            assert f"{what} is out of range" in result.output
+            assert not (tmp_path / "out").exists()
+    assert tried == []
+
+
+def test_compare_checks_layer_and_head_before_loading(invoke, monkeypatch, tmp_path) -> None:
+    tried = _forbid_loading(monkeypatch)
+    for args, what in ((("-l", "9"), "layer 9"), (("-l", "0", "--head", "20"), "head 20"),
+                       (("--model-b", "toy", "-l", "-7"), "layer -7")):
+        result = invoke("compare", "one new text", "another new text", *args,
+                        "-o", tmp_path / "c.png")
+        assert result.exit_code == 2, result.output
+        assert f"{what} is out of range" in result.output
+    assert tried == []
+
+
+def test_compare_zooms_on_the_changed_word(invoke, tmp_path: Path) -> None:
+    """--tokens cat:on names A's word; B has 'dog' there. The window is A's positions on both
+    sides (they pair up), not an error about B."""
+    result = invoke("compare", "The cat sat on the mat", "The dog sat on the mat", *TOY,
+                    "-l", "0", "--head", "0", "--tokens", "cat:on", "-f", "json",
+                    "-o", tmp_path / "c.png")
+    assert result.exit_code == 0, result.output
+    changes = json.loads(result.stdout)["changes"]
+    assert {c["query_index"] for c in changes} == {1, 2, 3}
+    assert {c["key_index"] for c in changes} == {1, 2, 3}
+    # Word alignment: 'cat' pairs with 'dog' (a replaced run), so B's window follows the pairs.
+    result = invoke("compare", "The cat sat on the mat", "The dog sat on the big mat", *TOY,
+                    "-l", "0", "--head", "0", "--tokens", "cat:on", "-f", "json",
+                    "-o", tmp_path / "w.png")
+    assert result.exit_code == 0, result.output
+    changes = json.loads(result.stdout)["changes"]
+    assert {c["b_query_index"] for c in changes} == {1, 2, 3}
+    # A word in neither side's window: the message says which side.
+    result = invoke("compare", "The cat sat", "A dog ran away", *TOY, "-l", "0", "--head", "0",
+                    "--queries", "ran", "-o", tmp_path / "x.png")
+    assert result.exit_code == 2
+    assert "no token 'ran' in A" in result.output
+
+
+def test_export_failures_name_their_line_once(invoke, tmp_path: Path) -> None:
+    """'failed line 4 of x.jsonl: line 4 of x.jsonl: ...' said where the text came from twice."""
+    source = tmp_path / "x.jsonl"
+    source.write_text('{"text": "a b", "id": "dup"}\n{"text": "c d", "id": "dup"}\n'
+                      '{"text": 5}\nnot json {\n{"text": "e", "pair": 3}\n[1]\n'
+                      '{"text": "f", "id": [1]}\n', encoding="utf-8")
+    result = invoke("export", "--input", source, *TOY, "-o", tmp_path / "out")
+    assert result.exit_code == 1, result.output
+    failed = [line for line in result.stderr.splitlines() if line.startswith("failed")]
+    assert len(failed) == 6, result.stderr
+    for line in failed:
+        assert line.count("x.jsonl") == 1, line
+    index = json.loads((tmp_path / "out" / "index.json").read_text(encoding="utf-8"))
+    errors = {t["origin"]: t["error"] for t in index["texts"] if t["status"] == "failed"}
+    assert len(errors) == 6
+    for origin, error in errors.items():
+        assert origin not in error, (origin, error)
+    by_line = {origin.split(" of ")[0]: error for origin, error in errors.items()}
+    assert "used by another text" in by_line["line 2"]
+    assert "not valid JSON" in by_line["line 4"]
+
+
+def test_compare_of_equal_maps_lists_no_changes(invoke, tmp_path: Path) -> None:
+    """Two texts the model sees alike: no '+0.000' rows called the largest changes."""
+    result = invoke("compare", "The cat sat", "the cat sat", "--model-a", "toy", "--model-b",
+                    "toy", "-l", "0", "--head", "0", "-f", "json", "-o", tmp_path / "c.png")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["aligned"] is True and data["changes"] == []
+    table = invoke("compare", "The cat sat", "the cat sat", *TOY, "-l", "0", "--head", "0",
+                   "-o", tmp_path / "t.png")
+    assert table.exit_code == 0, table.output
+    assert "+0.000" not in table.stdout and "no change" in table.stdout

@@ -185,7 +185,8 @@ def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def largest_changes(a: np.ndarray, b: np.ndarray, tokens: list[str], k: int = 10, *,
                     key_tokens: list[str] | None = None) -> list[dict[str, object]]:
-    """The ``k`` cells with the largest ``|b - a|``, largest first (ties: row-major order).
+    """The ``k`` cells with the largest ``|b - a|``, largest first (ties: row-major order);
+    cells that do not change are never listed.
 
     Args:
         a, b: ``[query, key]`` matrices of the same shape (aligned positions).
@@ -198,7 +199,8 @@ def largest_changes(a: np.ndarray, b: np.ndarray, tokens: list[str], k: int = 10
     keys = tokens if key_tokens is None else key_tokens
     delta = difference(a, b)
     flat = np.abs(delta).ravel()
-    order = np.argsort(-flat, kind="stable")[:max(k, 0)]
+    changed = np.flatnonzero(flat)  # ascending: the stable sort keeps row-major ties
+    order = changed[np.argsort(-flat[changed], kind="stable")][:max(k, 0)]
     size = delta.shape[1]
     changes: list[dict[str, object]] = []
     for index in order:

@@ -261,7 +261,8 @@ def _window_shown(tokens: list[str]) -> str:
     return shown + (", ..." if len(tokens) > 40 else "")
 
 
-def _window_end(part: str, tokens: list[str], option: str, after: int, end: bool) -> int:
+def _window_end(part: str, tokens: list[str], option: str, after: int, end: bool,
+                source: str = "the input") -> int:
     """One end of a window: a position (negative counts from the end) or a token's text."""
     from attnviz.errors import UsageError
 
@@ -280,12 +281,13 @@ def _window_end(part: str, tokens: list[str], option: str, after: int, end: bool
         if token == wanted or token.lstrip(CONTINUATION_MARK) == wanted.lstrip(CONTINUATION_MARK):
             return position + 1 if end else position
     where = f" at or after position {after}" if after else ""
-    raise UsageError(f"{option}: no token {text!r} in the input{where}",
+    raise UsageError(f"{option}: no token {text!r} in {source}{where}",
                      f"name a token as shown, or give positions. The tokens are: "
                      f"{_window_shown(tokens)}")
 
 
-def parse_window(spec: str | None, tokens: list[str], option: str = "--tokens") -> Window:
+def parse_window(spec: str | None, tokens: list[str], option: str = "--tokens",
+                 source: str = "the input") -> Window:
     """The window a user asked for with ``--tokens``, ``--queries`` or ``--keys``.
 
     ``spec`` is ``A:B``, Python-slice style: 0-based positions, ``B`` excluded, negative
@@ -298,6 +300,7 @@ def parse_window(spec: str | None, tokens: list[str], option: str = "--tokens") 
         spec: the option's value; ``None`` or ``""`` is the whole input.
         tokens: the labels of the view's tokens.
         option: the option's name, for messages.
+        source: what the tokens are, for messages (``"the input"``, ``"A"``).
 
     Raises:
         UsageError: a position out of range, an unknown token, or an empty window.
@@ -313,13 +316,15 @@ def parse_window(spec: str | None, tokens: list[str], option: str = "--tokens") 
                          "give START:END, e.g. 10:40, -20: or bank:loan (name a token that "
                          "contains ':' by its position)")
     if ":" not in text:
-        start = _window_end(text, tokens, option, 0, end=False)
+        start = _window_end(text, tokens, option, 0, end=False, source=source)
         if start >= size:
             raise UsageError(f"{option} {spec}: the input has {size} tokens (0..{size - 1})")
         return Window(start, start + 1, size)
     head, _, tail = text.partition(":")
-    start = _window_end(head, tokens, option, 0, end=False) if head.strip() else 0
-    stop = _window_end(tail, tokens, option, start, end=True) if tail.strip() else size
+    start = (_window_end(head, tokens, option, 0, end=False, source=source)
+             if head.strip() else 0)
+    stop = (_window_end(tail, tokens, option, start, end=True, source=source)
+            if tail.strip() else size)
     if stop <= start:
         raise UsageError(f"{option} {spec} is empty (from position {start} to {stop})",
                          "the end must come after the start, e.g. 10:40")

@@ -121,7 +121,8 @@ TokensOpt = Annotated[str | None, typer.Option(
     "--tokens", rich_help_panel=VIEW_PANEL, metavar="A:B",
     help="Zoom in: show tokens A to B-1 as queries and keys (0-based, negative from the end, "
          "either end may be left out: 40:80, -20:). An end may be a token's text, which is "
-         "included: bank:loan. Positions count the tokens shown (after --words).")]
+         "included: bank:loan. Positions count the tokens shown (after --words and "
+         "--exclude-special).")]
 QueriesOpt = Annotated[str | None, typer.Option(
     "--queries", rich_help_panel=VIEW_PANEL, metavar="A:B",
     help="The query rows to show, as --tokens (overrides it for rows); one token: 'it'.")]

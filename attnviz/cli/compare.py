@@ -81,9 +81,13 @@ def _side_request(base: dict[str, Any], text: str, model: str | None, causal: bo
 
 
 def _compare_captures(texts: tuple[str, str], models: tuple[str | None, str | None],
-                      causal: tuple[bool, bool], base: dict[str, Any]) -> tuple[Capture, Capture]:
-    from attnviz.cli._common import read_text
+                      causal: tuple[bool, bool], base: dict[str, Any], layer: int,
+                      head: int | str) -> tuple[Capture, Capture]:
+    from attnviz.cli._common import check_indices, read_text
 
+    for text, model, is_causal in zip(texts, models, causal):  # from the configs, before loading
+        check_indices(_side_request(base, text, model, is_causal), layer=layer,
+                      head=head if isinstance(head, int) else None)
     loaders: dict[tuple[str, bool], LazyModel] = {}
     captures = []
     for text, model, is_causal in zip(texts, models, causal):
@@ -103,23 +107,58 @@ def _panels(comparison: Any, labels: tuple[str, str], tokens: str | None,
     """The three panels of the figure, cut to the windows; the window's title note; and the
     aligned pairs (rows, columns) inside the window.
 
-    A window is resolved on each side's own tokens (a token's text may sit elsewhere in B);
-    the difference panel keeps the aligned pairs whose A positions are inside A's window.
+    A window is resolved on A's tokens. Sides paired position by position show the same
+    positions; sides paired by word resolve it on B's own tokens (a word may sit elsewhere in
+    B), or, when B lacks a word it names (a changed word), take the positions of B paired with
+    A's window. The difference panel keeps the aligned pairs whose A positions are inside A's
+    window.
     """
     import numpy as np
 
-    from attnviz.analysis.tokens import pair_start, parse_window, piece_labels, window_note
+    from attnviz.analysis.tokens import (
+        Window,
+        pair_start,
+        parse_window,
+        piece_labels,
+        window_note,
+    )
     from attnviz.render.analysis import Panel
 
     alignment = comparison.alignment
     marked_a, marked_b = alignment.marked() if alignment is not None else ([], [])
+
+    def resolve(names: list[str], source: str) -> tuple[Any, Any]:
+        return (parse_window(queries or tokens, names, "--queries" if queries else "--tokens",
+                             source),
+                parse_window(keys or tokens, names, "--keys" if keys else "--tokens", source))
+
+    def paired(window: Any, total: int) -> Any:
+        """B's positions paired with A's ``window``, as a run (None: none pair up)."""
+        if alignment is None:
+            return None
+        if alignment.method != "words":
+            return Window(window.start, window.stop, total)
+        inside = [b for a, b in zip(alignment.a, alignment.b) if window.start <= a < window.stop]
+        return Window(min(inside), max(inside) + 1, total) if inside else None
+
+    names_a = piece_labels(comparison.a.capture)
+    names_b = piece_labels(comparison.b.capture)
+    window_a = resolve(names_a, "A")
+    if alignment is not None and alignment.method != "words":
+        window_b = (paired(window_a[0], len(names_b)), paired(window_a[1], len(names_b)))
+    else:
+        try:
+            window_b = resolve(names_b, "B")
+        except UsageError:
+            mapped = (paired(window_a[0], len(names_b)), paired(window_a[1], len(names_b)))
+            if mapped[0] is None or mapped[1] is None:
+                raise
+            window_b = mapped
     panels = []
     windows = []
-    for side, label, marked in ((comparison.a, labels[0], marked_a),
-                                (comparison.b, labels[1], marked_b)):
+    for side, label, marked, (rows, cols) in ((comparison.a, labels[0], marked_a, window_a),
+                                              (comparison.b, labels[1], marked_b, window_b)):
         names = piece_labels(side.capture)
-        rows = parse_window(queries or tokens, names, "--queries" if queries else "--tokens")
-        cols = parse_window(keys or tokens, names, "--keys" if keys else "--tokens")
         start = pair_start(side.capture)
 
         def inside(window: Any, position: int | None) -> int | None:
@@ -289,7 +328,8 @@ def compare_command(
             raise UsageError("nothing to compare: both sides are the same text in the same model",
                              "give a TEXT_B, --model-a and --model-b, or --model toy "
                              "--vs-causal")
-        cap_a, cap_b = _compare_captures((text_a, second), models, masks, base)
+        cap_a, cap_b = _compare_captures((text_a, second), models, masks, base, layer,
+                                         head_choice)
         mask_a = " (bidirectional)" if vs_causal else ""
         mask_b = " (causal)" if vs_causal else ""
         label_a = f"A: {cap_a.model}{mask_a}: {_excerpt(cap_a.text)}"
@@ -325,6 +365,9 @@ def compare_command(
         warn(escape(comparison.mismatch))
         return
     if top == 0:
+        return
+    if fmt is TableFormat.table and not comparison.changes:
+        stdout.print(f"B - A ({escape(where)}): no change, A and B have the same weights here")
         return
     if fmt is TableFormat.table:
         from rich.table import Table

@@ -226,6 +226,13 @@ def _report(summary: ExportSummary) -> None:
             stderr.print(f"... and {summary.failed - len(summary.failures)} more (see index.json)")
 
 
+def _all_is_none(selection: str | None) -> str | None:
+    """``--layers all`` (or an empty value) selects everything, as no selection does."""
+    if selection is None or selection.strip().lower() in ("", "all"):
+        return None
+    return selection
+
+
 @app.command("export")
 @handle_errors
 @model_options
@@ -343,6 +350,10 @@ def export(
                             batch_size=batch_size, html=html, scale=scale.value, gamma=gamma,
                             vmax=parse_vmax(vmax), tokens=tokens, queries=queries, keys=keys)
     options.check()
+    if text_list or input_file is not None:  # texts run the model: check it first, from its
+        # config, so --layers 9 on a 6-layer model fails before the weights load
+        session().validate(model_spec(request), layers=_all_is_none(layers),
+                           heads=_all_is_none(heads))
     lines = read_input(input_file) if input_file is not None else None  # opens it now
     counted = _count_texts(input_file) if input_file is not None else 0
     total = None if counted is None else len(text_list) + len(dump_list) + counted

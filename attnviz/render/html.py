@@ -6,7 +6,7 @@ the report's own (pinned by its SHA-256), so even a token that looks like HTML c
 
 Layout of the embedded data (``<script type="application/json" id="attnviz-data">``)::
 
-    {"format": "attnviz-report", "version": 1, "title": ..., "generator": "attnviz 0.1.0",
+    {"format": "attnviz-report", "version": 1, "title": ..., "generator": "attnviz 0.2.0",
      "initial": {"words": false, "special": true, and optionally "view", "layer", "heads"},
      "docs": [{"model", "text", "pair", "causal", "layers", "heads", "num_layers",
                "num_heads", "tokens", "display_tokens", "special", "word_ids",
