@@ -330,7 +330,7 @@ class ExportOptions:
     batch_size: int = 8
     html: bool = False
     scale: str = "power"  # attnviz.render.heatmap.DEFAULT_SCALE
-    gamma: float = 0.5  # attnviz.render.heatmap.DEFAULT_GAMMA
+    gamma: float | None = None  # None: attnviz.render.heatmap.DEFAULT_GAMMA (power scale)
     vmax: float | None = None  # auto
     tokens: str | None = None
     queries: str | None = None
@@ -477,7 +477,7 @@ class RenderTask:
     words: bool
     exclude_special: bool
     scale: str = "power"
-    gamma: float = 0.5
+    gamma: float | None = None
     vmax: float | None = None
     tokens: str | None = None
     queries: str | None = None

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 TOY = ("--model", "toy")
 
 
@@ -165,3 +167,18 @@ def test_compare_of_equal_maps_lists_no_changes(invoke, tmp_path: Path) -> None:
                    "-o", tmp_path / "t.png")
     assert table.exit_code == 0, table.output
     assert "+0.000" not in table.stdout and "no change" in table.stdout
+
+
+@pytest.mark.parametrize("scale", ["linear", "log"])
+def test_gamma_with_a_scale_that_has_no_exponent_is_a_usage_error(invoke, tmp_path, scale):
+    result = invoke("heatmap", "the cat sat", "--model", "toy", "-l", "0", "--head", "0",
+                    "--scale", scale, "--gamma", "0.3", "-o", tmp_path / "x.png")
+    assert result.exit_code == 2, result.output
+    assert "--gamma only applies to --scale power" in result.stderr
+    assert not (tmp_path / "x.png").exists()
+    fine = invoke("heatmap", "the cat sat", "--model", "toy", "-l", "0", "--head", "0",
+                  "--scale", scale, "-o", tmp_path / "y.png")
+    assert fine.exit_code == 0, fine.output
+    power = invoke("heatmap", "the cat sat", "--model", "toy", "-l", "0", "--head", "0",
+                   "--gamma", "0.3", "-o", tmp_path / "z.png")
+    assert power.exit_code == 0, power.output

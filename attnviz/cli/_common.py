@@ -143,9 +143,9 @@ ScaleOpt = Annotated[ScaleName, typer.Option(
     "--scale", rich_help_panel=OUTPUT_PANEL,
     help="Colour scale: power (weight ** --gamma: small weights stay visible), linear, or log "
          "(three decades below the top).")]
-GammaOpt = Annotated[float, typer.Option(
-    "--gamma", min=0.05, max=5.0, rich_help_panel=OUTPUT_PANEL,
-    help="Exponent of --scale power: 0.5 lifts small weights, 1 is linear.")]
+GammaOpt = Annotated[float | None, typer.Option(
+    "--gamma", min=0.05, max=5.0, rich_help_panel=OUTPUT_PANEL, show_default=False,
+    help="Exponent of --scale power (default 0.5: lifts small weights; 1 is linear).")]
 VmaxOpt = Annotated[str, typer.Option(
     "--vmax", rich_help_panel=OUTPUT_PANEL, metavar="auto|FLOAT",
     help="Weight drawn in the top colour: auto (the largest weight shown; the colour bar says "

@@ -271,7 +271,7 @@ def compare_command(
     queries: QueriesOpt = None,
     keys: KeysOpt = None,
     scale: ScaleOpt = ScaleName.power,
-    gamma: GammaOpt = 0.5,
+    gamma: GammaOpt = None,
     vmax: VmaxOpt = "auto",
 ) -> None:
     """Compare two attention maps side by side, with their difference over aligned tokens."""

@@ -110,7 +110,7 @@ def heatmap(
     queries: QueriesOpt = None,
     keys: KeysOpt = None,
     scale: ScaleOpt = ScaleName.power,
-    gamma: GammaOpt = 0.5,
+    gamma: GammaOpt = None,
     vmax: VmaxOpt = "auto",
 ) -> None:
     """Draw attention as a heatmap and print the image's path.

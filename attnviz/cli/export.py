@@ -297,7 +297,7 @@ def export(
     queries: QueriesOpt = None,
     keys: KeysOpt = None,
     scale: ScaleOpt = ScaleName.power,
-    gamma: GammaOpt = 0.5,
+    gamma: GammaOpt = None,
     vmax: VmaxOpt = "auto",
 ) -> None:
     """Export every head of many texts: images, grids, overview, capture, top-k.

@@ -263,6 +263,10 @@ class ColourScale:
     def of(cls, scale: str | None = None, gamma: float | None = None,
            vmax: str | float | None = DEFAULT_VMAX) -> ColourScale:
         """A checked scale from option values (``None`` for the defaults)."""
+        if gamma is not None and (scale or DEFAULT_SCALE) != "power" \
+                and (scale or DEFAULT_SCALE) in SCALES:
+            raise UsageError(f"--gamma only applies to --scale power, not --scale {scale}",
+                             "drop --gamma, or use --scale power")
         made = cls(scale or DEFAULT_SCALE, DEFAULT_GAMMA if gamma is None else float(gamma),
                    parse_vmax(vmax))
         made.check()
@@ -987,7 +991,7 @@ class FigureOptions:
 
     cmap: str = "viridis"
     scale: str = DEFAULT_SCALE
-    gamma: float = DEFAULT_GAMMA
+    gamma: float | None = None  # None: DEFAULT_GAMMA for the power scale
     vmax: str | float | None = DEFAULT_VMAX
     annot: bool | None = None
     dpi: int = DEFAULT_DPI
