@@ -51,7 +51,7 @@ from attnviz.errors import AttnvizError, OutputError, UsageError
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
-    from attnviz.models import AttentionSource, ModelSpec
+    from attnviz.models import ModelSpec
 
 ENV_DIR = "ATTNVIZ_CACHE_DIR"
 ENV_MAX_MB = "ATTNVIZ_CACHE_MAX_MB"
@@ -176,9 +176,16 @@ def capture_key(spec: ModelSpec, text: str, pair: str | None = None, *,
                 max_tokens: int | None = None, truncate: bool = True,
                 layers: str | None = None, heads: str | None = None) -> str:
     """The cache key (64 hex digits) of one capture request."""
+    return _key(model_identity(spec), text, pair, max_tokens=max_tokens, truncate=truncate,
+                layers=layers, heads=heads)
+
+
+def _key(identity: dict[str, Any], text: str, pair: str | None, *, max_tokens: int | None,
+         truncate: bool, layers: str | None, heads: str | None) -> str:
+    """:func:`capture_key` from a :func:`model_identity` already read."""
     payload = {
         "attnviz": __version__,
-        "model": model_identity(spec),
+        "model": identity,
         "text": text, "pair": pair,
         "max_tokens": max_tokens, "truncate": truncate,
         "layers": _normal_selection(layers), "heads": _normal_selection(heads),
@@ -668,14 +675,25 @@ def cached_capture(spec: ModelSpec, text: str, pair: str | None = None, *,
     A cached capture of all layers and heads also serves a request for a selection. ``warn``
     hears about a damaged entry (see :func:`lookup`).
     """
+    return find(spec, text, pair, layers=layers, heads=heads, max_tokens=max_tokens,
+                truncate=truncate, warn=warn)[0]
+
+
+def find(spec: ModelSpec, text: str, pair: str | None, *, layers: str | None,
+            heads: str | None, max_tokens: int | None, truncate: bool,
+            warn: Callable[[str], None] | None) -> tuple[Capture | None, str]:
+    """:func:`cached_capture` and the key a fresh capture of this request is stored under
+    (``""`` when the model folder cannot be read), reading the model's identity once."""
     from attnviz.selection import parse_selection
 
     try:
-        full = capture_key(spec, text, pair, max_tokens=max_tokens, truncate=truncate)
-        own = capture_key(spec, text, pair, max_tokens=max_tokens, truncate=truncate,
-                          layers=layers, heads=heads)
+        identity = model_identity(spec)
+        full = _key(identity, text, pair, max_tokens=max_tokens, truncate=truncate,
+                    layers=None, heads=None)
+        own = _key(identity, text, pair, max_tokens=max_tokens, truncate=truncate,
+                   layers=layers, heads=heads)
     except (OSError, ValueError):  # an unreadable model folder: let loading report it
-        return None
+        return None, ""
     for key in dict.fromkeys((full, own)):
         hit = lookup(key, warn)
         if hit is None:
@@ -684,53 +702,5 @@ def cached_capture(spec: ModelSpec, text: str, pair: str | None = None, *,
             hit = hit.select(
                 parse_selection(layers, hit.num_layers, "layer") if layers else None,
                 parse_selection(heads, hit.num_heads, "head") if heads else None)
-        return hit
-    return None
-
-
-def capture_with_cache(spec: ModelSpec, text: str, pair: str | None = None, *,
-                       load: Callable[[], AttentionSource], layers: str | None = None,
-                       heads: str | None = None, max_tokens: int | None = None,
-                       truncate: bool = True, warn: Callable[[str], None] | None = None,
-                       write: bool = True) -> Capture:
-    """Capture ``text`` from the cache when it is there, else from the model (then keep it).
-
-    A cached capture of all layers and heads also serves a request for a selection.
-
-    Args:
-        spec: the model; ``load`` is only called on a cache miss.
-        text: the input text; ``pair`` the optional second sentence.
-        load: returns the loaded model (an :class:`~attnviz.models.AttentionSource`).
-        layers: layer selection such as ``"0,2-4"`` (``None``: all).
-        heads: head selection (``None``: all).
-        max_tokens: token limit; ``truncate`` whether to cut past it or raise.
-        warn: called with a message when the cache cannot be written or an entry is damaged.
-        write: keep a fresh capture in the cache.
-
-    Returns:
-        The capture ``[layer, head, query, key]`` of the selected layers and heads.
-    """
-    from attnviz.selection import parse_selection
-
-    hit = cached_capture(spec, text, pair, layers=layers, heads=heads, max_tokens=max_tokens,
-                         truncate=truncate, warn=warn)
-    if hit is not None:
-        return hit
-    try:
-        own = capture_key(spec, text, pair, max_tokens=max_tokens, truncate=truncate,
-                          layers=layers, heads=heads)
-    except (OSError, ValueError):
-        own = ""
-    source = load()
-    layer_list = parse_selection(layers, source.num_layers, "layer") if layers else None
-    head_list = parse_selection(heads, source.num_heads, "head") if heads else None
-    capture = source.capture(text, pair, layers=layer_list, heads=head_list,
-                             max_tokens=max_tokens, truncate=truncate)
-    if write and own:
-        try:
-            store(own, capture)
-        except AttnvizError as error:
-            if warn is not None:
-                warn(f"could not keep the capture in the cache ({error.message}); "
-                     "use --no-cache to stop trying")
-    return capture
+        return hit, own
+    return None, own

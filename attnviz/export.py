@@ -249,43 +249,6 @@ def _digits(capture: Capture) -> int:
     return max(2, len(str(max(capture.num_layers, capture.num_heads) - 1)))
 
 
-# --------------------------------------------------------------------------- titles
-def _notes(view: Capture) -> str:
-    from attnviz.analysis.tokens import view_notes
-
-    notes = view_notes(view)
-    return f" ({', '.join(notes)})" if notes else ""
-
-
-def head_title(view: Capture, layer: int, head: int, suffix: str | None = None) -> str:
-    """Title of a head's figure, as ``attnviz heatmap --layer L --head H`` writes it.
-
-    ``suffix`` holds the notes (view, pair, window: ``FigureView.suffix``); by default those of
-    the view alone.
-    """
-    return f"{view.model}: layer {layer}, head {head}{_notes(view) if suffix is None else suffix}"
-
-
-def layer_title(view: Capture, layer: int, suffix: str | None = None) -> str:
-    """Title of a layer's grid, as ``attnviz heatmap --layer L`` writes it."""
-    from attnviz.capture import format_indices
-
-    heads = ("all heads" if len(view.heads) == view.num_heads
-             else f"heads {format_indices(view.heads)}")
-    return f"{view.model}: layer {layer}, {heads}{_notes(view) if suffix is None else suffix}"
-
-
-def overview_title(view: Capture, suffix: str | None = None) -> str:
-    """Title of the model overview, as ``attnviz heatmap`` writes it."""
-    from attnviz.capture import format_indices
-
-    if len(view.layers) == view.num_layers and len(view.heads) == view.num_heads:
-        what = "every layer and head"
-    else:
-        what = f"layers {format_indices(view.layers)}, heads {format_indices(view.heads)}"
-    return f"{view.model}: {what}{_notes(view) if suffix is None else suffix}"
-
-
 # --------------------------------------------------------------------------- options
 @dataclass
 class ExportOptions:
@@ -600,6 +563,7 @@ def render_task(task: RenderTask, on_file: Callable[[int], None] | None = None
 
     from attnviz.analysis.tokens import figure_view
     from attnviz.capture import load_capture
+    from attnviz.render.heatmap import head_title, layer_title, overview_title
 
     folder = Path(task.folder)
     # A copy, not a memory map: another process truncating attention.npy while we draw would

@@ -293,18 +293,6 @@ def check_folder(path: Path | str, root: Path | str) -> bool:
         return False
 
 
-def is_regular_file(path: Path | str, root: Path | str | None = None) -> bool:
-    """Whether ``path`` is a regular file (not a link, not a folder), reached without links
-    below ``root``."""
-    target = Path(path)
-    base, parts, name = _split(target, None if root is None else Path(root))
-    try:
-        with open_folder(base, parts, create=False) as folder:
-            return stat.S_ISREG(folder.lstat(name).st_mode)
-    except (OSError, OutputError):
-        return False
-
-
 def list_folder(path: Path | str, root: Path | str | None = None) -> list[str]:
     """Names in the folder ``path`` (below ``root`` without links); ``[]`` if it is missing,
     a link or unreadable."""
@@ -364,11 +352,6 @@ def _create_temp(folder: _Folder, name: str, target: Path, *, read: bool = False
             raise _describe_os_error(exc, target) from None
     raise OutputError(f"cannot create a temporary file beside {target}",
                       "remove the files named .*.tmp in that folder")
-
-
-def is_temporary(name: str) -> bool:
-    """Whether ``name`` is one of our temporary file names (of this version or earlier)."""
-    return bool(_TEMP_RE.match(name) or _LEGACY_TEMP_RE.match(name))
 
 
 def _pid_alive(pid: int) -> bool:

@@ -164,6 +164,15 @@ def _check_precision(precision: Any) -> None:
                          "8: error at most 0.002, the smallest data; 16: error at most 7.63e-6")
 
 
+def _checked_view(capture: Any, precision: Any, view: str, layer: int | None, head: int | None,
+                  heads: Sequence[int] | str | int | None) -> dict[str, Any]:
+    """Check what an inline view is asked to show; its initial selection."""
+    _check_capture(capture)
+    _check_precision(precision)
+    _check_size(capture, MAX_VIEW_WEIGHTS, "an inline view")
+    return _selection(capture, view, layer, head, heads)
+
+
 def _frame_height(capture: Capture) -> int:
     """Room for the head view of a short text without a second scroll bar; capped."""
     return max(520, min(860, 300 + 22 * capture.num_tokens))
@@ -193,13 +202,10 @@ def static_html(capture: Capture, *, view: str = "head", layer: int | None = Non
     """
     from attnviz.render.html import build_report, default_title
 
-    _check_capture(capture)
-    _check_precision(precision)
-    _check_size(capture, MAX_VIEW_WEIGHTS, "an inline view")
+    selection = _checked_view(capture, precision, view, layer, head, heads)
     title = title or default_title([capture])
     document = build_report([capture], title=title, precision=precision, words=words,
-                            exclude_special=exclude_special,
-                            selection=_selection(capture, view, layer, head, heads))
+                            exclude_special=exclude_special, selection=selection)
     return iframe(document, height=height or _frame_height(capture), title=title)
 
 
@@ -247,10 +253,7 @@ class AttentionView(anywidget.AnyWidget):
                  title: str | None = None) -> None:
         from attnviz.render.html import report_data
 
-        _check_capture(capture)
-        _check_precision(precision)
-        _check_size(capture, MAX_VIEW_WEIGHTS, "an inline view")
-        selection = _selection(capture, view, layer, head, heads)
+        selection = _checked_view(capture, precision, view, layer, head, heads)
         self._capture = capture
         report = report_data([capture], title=title, precision=precision, words=words,
                              exclude_special=exclude_special, selection=selection)

@@ -148,6 +148,15 @@ def _checked_request(text: str, pair: str | None, layers: Selection, heads: Sele
     return layer_text, head_text
 
 
+def _resolve(source: AttentionSource, layers: str | None, heads: str | None
+             ) -> tuple[list[int] | None, list[int] | None]:
+    """The model indices of checked selection texts (``None``: all) on a loaded model."""
+    from attnviz.selection import parse_selection
+
+    return (parse_selection(layers, source.num_layers, "layer") if layers else None,
+            parse_selection(heads, source.num_heads, "head") if heads else None)
+
+
 class Session:
     """Loaded models (kept warm), the capture cache and the text -> capture step.
 
@@ -401,22 +410,22 @@ class Session:
         spec = make_spec(model, **options)
         layer_text, head_text = _checked_request(text, pair, layers, heads, max_tokens)
         cache_on = self.use_cache if use_cache is None else use_cache
+        key = ""
         if cache_on:
-            from attnviz.cache import cached_capture
+            from attnviz.cache import find
 
-            hit = cached_capture(spec, text, pair, layers=layer_text, heads=head_text,
-                                 max_tokens=max_tokens, truncate=truncate,
-                                 warn=self._cache_warn)
+            hit, key = find(spec, text, pair, layers=layer_text, heads=head_text,
+                            max_tokens=max_tokens, truncate=truncate, warn=self._cache_warn)
             if hit is not None:
                 return from_cache(hit)
         self.validate(spec, layers=layer_text, heads=head_text)  # before loading the weights
         source = self.source(spec)
-        layer_list, head_list = self._resolve(source, layer_text, head_text)
+        layer_list, head_list = _resolve(source, layer_text, head_text)
         with self._forward_lock(spec):
             result, capture = forward(source, layer_list, head_list)
             self.forwards += 1
-        if cache_on and write_cache:
-            self._keep(spec, text, pair, capture, layer_text, head_text, max_tokens, truncate)
+        if key and write_cache:
+            self._keep(key, capture)
         return result
 
     def captures(self, texts: Sequence[tuple[str, str | None]], *,
@@ -463,23 +472,13 @@ class Session:
         self._cache_warned.add(message)
         self.warn(message)
 
-    def _resolve(self, source: AttentionSource, layers: str | None, heads: str | None
-                 ) -> tuple[list[int] | None, list[int] | None]:
-        from attnviz.selection import parse_selection
-
-        return (parse_selection(layers, source.num_layers, "layer") if layers else None,
-                parse_selection(heads, source.num_heads, "head") if heads else None)
-
-    def _keep(self, spec: ModelSpec, text: str, pair: str | None, capture: Capture,
-              layers: str | None, heads: str | None, max_tokens: int | None,
-              truncate: bool) -> None:
-        from attnviz.cache import capture_key, store
+    def _keep(self, key: str, capture: Capture) -> None:
+        """Store a fresh capture under the key its cache lookup computed."""
+        from attnviz.cache import store
 
         try:
-            key = capture_key(spec, text, pair, max_tokens=max_tokens, truncate=truncate,
-                              layers=layers, heads=heads)
             store(key, capture)
-        except (OSError, ValueError):
+        except OSError:
             return
         except AttnvizError as error:
             self._cache_warn(f"could not keep the capture in the cache ({error.message}); "

@@ -139,17 +139,12 @@ def test_second_heatmap_skips_loading_the_model(invoke, monkeypatch: pytest.Monk
     assert json.loads(topk.stdout)["rows"]
 
 
-def test_a_cached_full_capture_serves_a_selection() -> None:
-    from attnviz.models.toy import ToySource
+def test_a_cached_full_capture_serves_a_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnviz.session import Session
 
-    loads: list[int] = []
-
-    def load() -> ToySource:
-        loads.append(1)
-        return ToySource(ToyConfig(layers=2, heads=2))
-
-    full = cache.capture_with_cache(_toy_spec(), TEXT, load=load)
-    part = cache.capture_with_cache(_toy_spec(), TEXT, load=load, layers="1", heads="0")
+    loads = _count_loads(monkeypatch)
+    full = Session().capture(TEXT, model=_toy_spec())
+    part = Session().capture(TEXT, model=_toy_spec(), layers="1", heads="0")
     assert len(loads) == 1
     assert part.layers == [1] and part.heads == [0]
     assert np.array_equal(part.weights[0, 0], full.weights[1, 0])

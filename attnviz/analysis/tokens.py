@@ -226,10 +226,6 @@ def pair_start(capture: Capture) -> int | None:
 
 
 # --------------------------------------------------------------------------- windows
-#: How many tokens a window may hold at most is the input's length; these name the options.
-WINDOW_OPTIONS = ("--tokens", "--queries", "--keys")
-
-
 @dataclass(frozen=True)
 class Window:
     """A run of token positions ``start..stop-1`` of an input of ``total`` tokens."""
@@ -360,11 +356,19 @@ def view_labels(capture: Capture, *, words: bool = False,
     return labels
 
 
+def parse_windows(labels: list[str], tokens: str | None = None, queries: str | None = None,
+                  keys: str | None = None) -> tuple[Window, Window]:
+    """The query and key windows; ``queries`` and ``keys`` default to ``tokens``."""
+    rows = parse_window(queries if queries else tokens, labels,
+                        "--queries" if queries else "--tokens")
+    cols = parse_window(keys if keys else tokens, labels, "--keys" if keys else "--tokens")
+    return rows, cols
+
+
 def check_windows(labels: list[str], tokens: str | None = None, queries: str | None = None,
                   keys: str | None = None) -> None:
     """Raise :class:`~attnviz.errors.UsageError` when a window does not fit these tokens."""
-    parse_window(queries if queries else tokens, labels, "--queries" if queries else "--tokens")
-    parse_window(keys if keys else tokens, labels, "--keys" if keys else "--tokens")
+    parse_windows(labels, tokens, queries, keys)
 
 
 def check_window_syntax(spec: str | None, option: str = "--tokens") -> None:
@@ -417,9 +421,7 @@ def figure_view(capture: Capture, *, words: bool = False, exclude_special: bool 
     """
     view = token_view(capture, words=words, exclude_special=exclude_special)
     labels = piece_labels(view)
-    rows = parse_window(queries if queries else tokens, labels,
-                        "--queries" if queries else "--tokens")
-    cols = parse_window(keys if keys else tokens, labels, "--keys" if keys else "--tokens")
+    rows, cols = parse_windows(labels, tokens, queries, keys)
     start = pair_start(view)
 
     def divider(window: Window) -> int | None:

@@ -66,12 +66,9 @@ class LazyModel:
 def capture_text(model: LazyModel, text: str, pair: str | None, layers: str | None,
                  heads: str | None) -> Capture:
     """One text's capture through the CLI session: from the cache when allowed, else the model."""
-    from attnviz.cli._common import check_text, model_spec, session
+    from attnviz.cli._common import capture_for, check_text
 
-    request = model.request
     check_text(text)
     if pair is not None:
         check_text(pair, "the pair text")
-    return session().capture(text, pair, model=model_spec(request), layers=layers, heads=heads,
-                             max_tokens=request.max_tokens, truncate=request.truncate,
-                             use_cache=not request.no_cache)
+    return capture_for(model.request, text, pair, layers=layers, heads=heads)

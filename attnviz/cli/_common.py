@@ -484,6 +484,15 @@ def check_indices(request: CaptureRequest, *, layer: int | None = None,
         session().validate(model_spec(request), layer=layer, head=head)
 
 
+def capture_for(request: CaptureRequest, text: str, pair: str | None, *,
+                layers: str | None = None, heads: str | None = None) -> Capture:
+    """One text's capture with the request's model options, through the CLI session: from the
+    capture cache unless --no-cache, else from the model."""
+    return session().capture(text, pair, model=model_spec(request), layers=layers, heads=heads,
+                             max_tokens=request.max_tokens, truncate=request.truncate,
+                             use_cache=not request.no_cache)
+
+
 def obtain_capture(request: CaptureRequest, *, layers: str | None = None,
                    heads: str | None = None, mmap: bool = False) -> Capture:
     """The capture a command works on: from --from, the cache, or a fresh model run.
@@ -509,9 +518,7 @@ def obtain_capture(request: CaptureRequest, *, layers: str | None = None,
     text = read_text(request.text or "")
     if request.pair is not None:
         check_text(request.pair, "the --pair text")
-    capture = session().capture(text, request.pair, model=model_spec(request), layers=layers,
-                                heads=heads, max_tokens=request.max_tokens,
-                                truncate=request.truncate, use_cache=not request.no_cache)
+    capture = capture_for(request, text, request.pair, layers=layers, heads=heads)
     for message in capture.meta.get("warnings", []):
         warn(message)
     return capture

@@ -280,11 +280,9 @@ def compare_command(
     head_choice = cast("int | str", _parse_head(head))  # not None: --head has a default
     check_image_path(out, "--out")
     from attnviz.render import analysis as figures
-    from attnviz.render.heatmap import check_cmap, save_figure
+    from attnviz.render.heatmap import ColourScale, check_cmap, save_figure
 
     check_cmap(cmap)
-    from attnviz.render.heatmap import ColourScale
-
     colour_scale = ColourScale.of(scale.value, gamma, vmax)  # bad values fail before the models
     paths = list(from_paths or [])
     if paths:

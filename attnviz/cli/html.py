@@ -104,17 +104,14 @@ def _captures_from_file(request: CaptureRequest, path: Path, layers: str | None,
                         heads: str | None) -> list[Capture]:
     """One capture per text of an ``--input`` file, through the CLI session: from the capture
     cache when it holds the text, else from the model (loaded once)."""
-    from attnviz.cli._common import model_spec, session
+    from attnviz.cli._common import capture_for
 
     texts, blank = read_input_file(path)
     if blank:
         warn(f"skipped {blank} blank line{'s' if blank != 1 else ''} in {path}")
-    spec = model_spec(request)
     captures = []
     for item in texts:
-        capture = session().capture(item.text, item.pair, model=spec, layers=layers,
-                                    heads=heads, max_tokens=request.max_tokens,
-                                    truncate=request.truncate, use_cache=not request.no_cache)
+        capture = capture_for(request, item.text, item.pair, layers=layers, heads=heads)
         for message in capture.meta.get("warnings", []):
             warn(f"line {item.line}: {message}")
         captures.append(capture)

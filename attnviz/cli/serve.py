@@ -173,13 +173,13 @@ def serve_command(
     sock = _bind(host, port)
     try:
         _serve(sock, list(models or []), host, token, allow_any_model, limits, device, dtype,
-               local, open_browser, access_log)
+               open_browser, access_log)
     finally:
         sock.close()
 
 
 def _serve(sock: socket.socket, models: list[str], host: str, token: str | None,
-           allow_any_model: bool, limits: Limits, device: str, dtype: str, local: bool,
+           allow_any_model: bool, limits: Limits, device: str, dtype: str,
            open_browser: bool, access_log: bool) -> None:
     import uvicorn
 
@@ -187,7 +187,7 @@ def _serve(sock: socket.socket, models: list[str], host: str, token: str | None,
 
     port = int(sock.getsockname()[1])
     application = create_app(models, token=token, allow_any_model=allow_any_model,
-                             limits=limits, allowed_hosts=_allowed_hosts(host) if local else None,
+                             limits=limits, allowed_hosts=_allowed_hosts(host),
                              device=device, dtype=dtype)
     served = application.state.engine.models
     addresses = _address(host, port, token)

@@ -710,7 +710,6 @@ class HFSource:
         return captures
 
 
-
 # Models that compute position ids from input_ids and the padding index themselves.
 _POSITIONS_FROM_IDS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer",
                        "luke", "data2vec-text", "ibert", "mpnet", "esm"}
@@ -794,12 +793,3 @@ def _first_attr(obj: object, names: tuple[str, ...], default: Any) -> Any:
         if value is not None:
             return value
     return default
-
-
-def _looks_causal(attentions: tuple[torch.Tensor, ...]) -> bool:
-    """A model is causal when every head puts exactly zero weight above the diagonal."""
-    size = attentions[0].shape[-1]
-    if size < 2:
-        return False
-    upper = torch.ones(size, size, dtype=torch.bool, device=attentions[0].device).triu(1)
-    return all(bool((a[0][:, upper] == 0).all()) for a in attentions)

@@ -213,17 +213,6 @@ def _check_objects(model: Any, tokenizer: Any) -> None:
                          "pass AutoTokenizer.from_pretrained(<the model's name>)")
 
 
-def _selection(value: str | int | Sequence[int] | None, size: int, what: str
-               ) -> list[int] | None:
-    """Sorted model indices of a selection (``"0,2-4"``, an index or a list of indices), as
-    the session reads them; ``None`` keeps all."""
-    from attnviz.selection import parse_selection
-    from attnviz.session import _selection_text
-
-    text = _selection_text(value, what)  # refuses floats, booleans, strings in lists, []
-    return None if text is None else parse_selection(text, size, what)
-
-
 def _check_placed(model: Any) -> None:
     """Refuse a model whose weights were never loaded (still on the ``meta`` device)."""
     if getattr(model, "hf_device_map", None):
@@ -291,18 +280,15 @@ def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
         InputError: the text is empty or too long (with ``truncate=False``).
         ModelLoadError: the model cannot give attention weights (e.g. a fused kernel only).
     """
-    from attnviz.session import _check_max_tokens, check_text
+    from attnviz.session import _checked_request, _resolve
 
-    check_text(text)
-    if pair is not None:
-        check_text(pair, "the pair text")
-    _check_max_tokens(max_tokens)
+    # Texts, selections (floats, booleans, strings in lists, [] refused) and max_tokens.
+    layer_text, head_text = _checked_request(text, pair, layers, heads, max_tokens)
     _check_objects(model, tokenizer)
     _check_placed(model)
     with _lock_for(model), eager_attention(model) as before, eval_mode(model) as training:
         source = OwnModelSource(model, tokenizer, name=name)
-        layer_list = _selection(layers, source.num_layers, "layer")
-        head_list = _selection(heads, source.num_heads, "head")
+        layer_list, head_list = _resolve(source, layer_text, head_text)
         try:
             result = source.capture(text, pair, layers=layer_list, heads=head_list,
                                     max_tokens=max_tokens, truncate=truncate)

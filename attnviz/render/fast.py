@@ -57,10 +57,6 @@ from attnviz.render.heatmap import (  # noqa: E402, F401  (re-exported)
 PNG_LEVEL = 1  # zlib level: 1 is ~3x faster than 6 for ~1.5x the bytes on these images
 
 
-# --------------------------------------------------------------------------- colour maps
-# ColourTable and colour_table live in attnviz.render.heatmap (imported above).
-
-
 # --------------------------------------------------------------------------- PNG
 def _chunk(kind: bytes, data: bytes) -> bytes:
     return (struct.pack(">I", len(data)) + kind + data
@@ -434,11 +430,6 @@ def _annotation_sprites(strings: Sequence[str], fontsize: float, dpi: float,
 
 
 
-def annotation_fontsize(num_tokens: int) -> float:
-    """Font size of cell values in ``draw_head`` (the same for every size: legible or none)."""
-    return heatmap.ANNOT_PT
-
-
 # --------------------------------------------------------------------------- templates
 @dataclass
 class FrameTemplate:
@@ -485,14 +476,6 @@ class FrameTemplate:
         boxes = [_box_from_extent(extent, self.frame, num_tokens, num_tokens, self.black)
                  for extent in self.extents]
         return dataclasses.replace(self, boxes=boxes, _buffer=None, _dirty=[], _writer=None)
-
-    def prepare_titles(self, titles: Sequence[str]) -> None:
-        """Draw the given titles now, in one matplotlib pass (later ones are drawn on demand)."""
-        self.prepare(titles)
-
-    def prepare_scales(self, figures: Iterable[Sequence[np.ndarray]]) -> None:
-        """Draw the colour bar labels of these figures' data now, in one matplotlib pass."""
-        self.prepare((), figures)
 
     def prepare(self, titles: Sequence[str] = (),
                 figures: Iterable[Sequence[np.ndarray]] = ()) -> None:

@@ -25,7 +25,7 @@ import io
 import math
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -490,12 +490,6 @@ def head_figure_size(num_query: int, num_key: int | None = None, *, annot: bool 
     return layout.width, layout.height
 
 
-def tick_step(num_tokens: int) -> int:
-    """Every n-th token label is drawn on an axis of ``num_tokens`` (the rest would overlap)."""
-    cell = _cell(max(num_tokens, 1), CELL_LABEL_IN)
-    return max(1, math.ceil(CELL_LABEL_IN / cell - 1e-9))
-
-
 # --------------------------------------------------------------------------- drawing pieces
 def _fraction(box: tuple[float, float, float, float], width: float,
               height: float) -> tuple[float, float, float, float]:
@@ -927,8 +921,6 @@ def draw_grid_artists(matrices: np.ndarray, row_labels: Sequence[str],
                                      capstyle="butt")
             divider.set_gid("pair-divider")
             ax.add_collection(divider)
-        ax.set_xlim(0.0, layout.grid[2])
-        ax.set_ylim(layout.grid[3], 0.0)
         if labelled and tokens is not None and key_tokens is not None:
             ys, y_labels, xs, x_labels = [], [], [], []
             for index in range(len(flat)):
@@ -936,10 +928,10 @@ def draw_grid_artists(matrices: np.ndarray, row_labels: Sequence[str],
                 grid_row, grid_col = divmod(index, grid_cols)
                 if grid_col == 0:
                     ys += [y0 + (i + 0.5) * layout.cell for i in range(num_query)]
-                    y_labels += [shorten(t, LABEL_IN - 0.08, LABEL_PT) for t in tokens]
+                    y_labels += list(tokens)
                 if grid_row == grid_rows - 1 or index + grid_cols >= len(flat):
                     xs += [x0 + (j + 0.5) * layout.cell for j in range(num_key)]
-                    x_labels += [shorten(t, LABEL_IN - 0.08, LABEL_PT) for t in key_tokens]
+                    x_labels += list(key_tokens)
             _token_ticks(ax, y_labels, 1, LABEL_PT, "y", places=ys)
             _token_ticks(ax, x_labels, 1, LABEL_PT, "x", places=xs)
         text = f"{title}\n{layout.note}" if layout.note else title
@@ -1000,7 +992,6 @@ class FigureOptions:
     tokens: str | None = None
     queries: str | None = None
     keys: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def colour_scale(self) -> ColourScale:
         return ColourScale.of(self.scale, self.gamma, self.vmax)

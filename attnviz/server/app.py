@@ -48,7 +48,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from attnviz.errors import AttnvizError, DeviceError, ModelLoadError, UsageError
+from attnviz.errors import AttnvizError, UsageError
 from attnviz.server.engine import (
     WEIGHT_FORMATS,
     ApiError,
@@ -118,8 +118,6 @@ def _error_of(error: AttnvizError) -> Response:
     kind = type(error).__name__
     if isinstance(error, UsageError):  # InputError included: what the CLI exits 2 for
         return error_response(422, kind, error.message, error.hint)
-    if isinstance(error, (ModelLoadError, DeviceError)):
-        return error_response(500, kind, error.message, error.hint)
     return error_response(500, kind, error.message, error.hint)
 
 
@@ -244,8 +242,9 @@ class Guard:
                                   "open it as http://127.0.0.1:PORT/ or http://localhost:PORT/")
         if self.token is None:
             return None
-        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"),
-                               keep_blank_values=True))
+        pairs = parse_qsl(scope.get("query_string", b"").decode("latin-1"),
+                          keep_blank_values=True)
+        query = dict(pairs)
         given, source = None, ""
         authorization = headers.get("authorization", "")
         cookies = _cookies(headers.get("cookie", ""))
@@ -267,9 +266,7 @@ class Guard:
             return self._deny(403, api, "the token is wrong",
                               "use the token 'attnviz serve' printed when it started")
         if source == "query" and scope.get("method") in ("GET", "HEAD") and not api:
-            rest = urlencode([(k, v) for k, v in parse_qsl(
-                scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
-                if k != "token"])
+            rest = urlencode([(k, v) for k, v in pairs if k != "token"])
             target = quote(str(scope.get("path", "/"))) + (f"?{rest}" if rest else "")
             response = Response(status_code=303, headers={"Location": target})
             response.set_cookie(self._cookie_name(scope), self.token, httponly=True,

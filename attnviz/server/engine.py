@@ -545,18 +545,6 @@ def encode_float32(weights: Any) -> dict[str, Any]:
             "data": base64.b64encode(data.tobytes()).decode("ascii")}
 
 
-def encode_quantised(weights: Any, bits: int) -> dict[str, Any]:
-    """The HTML report's weights block (:func:`attnviz.render.html.encode_weights`: the same
-    quantisation, layout and ``zlib-base64`` encoding, read by the same decoder), compressed
-    for speed: on a live server the time to answer matters more than bytes. Quantised weights
-    compress only about 1.5x (the low bytes are noise) at ~15 MB/s on a slow core, so blocks
-    past 1 MiB are stored uncompressed (zlib level 0) and smaller ones use level 1.
-    """
-    from attnviz.render.html import encode_weights
-
-    return encode_weights(weights, bits, fast=True)
-
-
 def capture_payload(capture: Capture, *, weights: str = "q8", stats: bool = False
                     ) -> dict[str, Any]:
     """The JSON of a capture: its sidecar (``capture.json``), word units, head statistics
@@ -565,7 +553,7 @@ def capture_payload(capture: Capture, *, weights: str = "q8", stats: bool = Fals
     The same record is one document of the HTML report (``attnviz.render.html.doc_data``), so
     the page draws it with the report's own front end.
     """
-    from attnviz.render.html import head_stats, word_units
+    from attnviz.render.html import encode_weights, head_stats, word_units
 
     payload = _plain(capture.sidecar())
     payload["words"] = word_units(capture)
@@ -574,7 +562,10 @@ def capture_payload(capture: Capture, *, weights: str = "q8", stats: bool = Fals
     if weights == "float32":
         payload["weights"] = encode_float32(capture.weights)
     else:
-        payload["weights"] = encode_quantised(capture.weights, 16 if weights == "q16" else 8)
+        # The HTML report's block (same quantisation and decoder), compressed for speed: on a
+        # live server the time to answer matters more than bytes (see encode_weights' fast).
+        payload["weights"] = encode_weights(capture.weights, 16 if weights == "q16" else 8,
+                                            fast=True)
     return payload
 
 
