@@ -6,6 +6,7 @@ leave it so. Most runs use the toy model (each Ray worker loads it once).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import subprocess
@@ -324,3 +325,104 @@ def test_local_engine_never_imports_ray(corpus_file: Path) -> None:
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _ray_nodes() -> dict[int, str]:
+    """Process id -> Ray node id, for every process of a Ray node on this machine."""
+    import os
+
+    nodes: dict[int, str] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        for part, mark in (("environ", b"RAY_NODE_ID="), ("cmdline", b"--node-id=")):
+            try:
+                with open(f"/proc/{name}/{part}", "rb") as handle:
+                    for item in handle.read().split(b"\0"):
+                        if item.startswith(mark):
+                            nodes[int(name)] = item.split(b"=", 1)[1].decode()
+            except OSError:
+                continue
+    return nodes
+
+
+def _descendants(root: int) -> set[tuple[int, bytes]]:
+    """(pid, start time) of every process below ``root`` (Ray's agents rename themselves, so
+    ancestry is what tells them apart)."""
+    import os
+
+    parents: dict[int, tuple[int, bytes]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as handle:
+                    fields = handle.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(name)] = (int(fields[1]), fields[19])
+    below = {root}
+    for _ in range(8):
+        below |= {pid for pid, (ppid, _) in parents.items() if ppid in below}
+    return {(pid, parents[pid][1]) for pid in below - {root}}
+
+
+def _alive(processes: set[tuple[int, bytes]]) -> set[tuple[int, bytes]]:
+    """Those of ``processes`` still running (same pid and start time)."""
+    alive = set()
+    for pid, start in processes:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if state[19] == start and state[0] != b"Z":
+            alive.add((pid, start))
+    return alive
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
+def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path: Path) -> None:
+    """kill -9 of `attnviz heads --engine ray` mid-run: its local Ray dies with it."""
+    import os
+    import signal
+    import time
+
+    corpus = tmp_path / "many.txt"
+    corpus.write_text("\n".join(" ".join(["the", "cat", "sat", str(i)] * 8)
+                                for i in range(100000)) + "\n", encoding="utf-8")
+    before = set(_ray_nodes().values())
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "attnviz", "heads", "--input", str(corpus), *TOY,
+         "--engine", "ray", "--workers", "1", "--no-cache", "-f", "csv", "-o",
+         str(tmp_path / "h.csv")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ours: set[str] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and driver.poll() is None:
+            ours = set(_ray_nodes().values()) - before
+            if ours and any(node in ours for node in _ray_nodes().values()):
+                time.sleep(3)  # let the workers start
+                break
+            time.sleep(0.5)
+        assert ours, "the run never started a local Ray"
+        assert driver.poll() is None, "the run ended before it could be killed"
+        below = _descendants(driver.pid)
+        assert len(below) >= 3  # gcs, raylet, agents, workers (and the watchdog)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        left = [pid for pid, node in _ray_nodes().items() if node in ours]
+        while (left or _alive(below)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            left = [pid for pid, node in _ray_nodes().items() if node in ours]
+        assert left == []
+        assert _alive(below) == set()
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+        stray = {pid for pid, node in _ray_nodes().items() if node in ours}
+        stray |= {pid for pid, _ in _alive(below)} if "below" in locals() else set()
+        for pid in stray:  # never leave a Ray behind, even on failure
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

@@ -167,10 +167,89 @@ def init_local(cpus: int, env: dict[str, str] | None = None) -> ModuleType:
     """
     ray = import_ray()
     extra: dict[str, Any] = {"runtime_env": {"env_vars": dict(env)}} if env else {}
+    watchdog = _watch_for_driver_death()  # first: a kill during ray.init is covered too
     with _quiet(), _environment(RAY_BACKEND_LOG_LEVEL="fatal"), _no_stderr(), _loopback(ray):
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False,
                  configure_logging=False, namespace="attnviz", **extra)
+    if watchdog is not None and watchdog.stdin is not None:
+        with contextlib.suppress(OSError):  # workers started late are known by this id
+            watchdog.stdin.write(ray.get_runtime_context().get_node_id().encode() + b"\n")
+            watchdog.stdin.flush()
     return ray
+
+
+# Runs in its own session, outside this process's group. Until end of file on its standard
+# input, which comes when this process exits however it ends (kill -9 included), it notes
+# every Ray process below this one (gcs, raylet, agents, workers: their titles are rewritten,
+# so they are known by ancestry, and late workers by their --node-id); then it kills those
+# still alive: Ray's agents and workers outlive a killed driver.
+_WATCHDOG = r"""
+import os, select, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+driver, node, received = int(sys.argv[1]), b"--node-id=?", b""
+
+def table():
+    rows = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as handle:
+                    fields = handle.read().rsplit(b")", 1)[1].split()
+                with open(f"/proc/{name}/cmdline", "rb") as handle:
+                    command = handle.read()
+            except OSError:
+                continue
+            rows[int(name)] = (int(fields[1]), fields[19], command)
+    return rows
+
+def is_ray(command):
+    return b"ray" in command or node in command.split(b"\0")
+
+seen = {}
+while True:
+    rows = table()
+    below = {driver}
+    for _ in range(8):
+        below |= {pid for pid, (ppid, _, _) in rows.items() if ppid in below}
+    for pid in below - {driver, os.getpid()}:
+        if is_ray(rows[pid][2]):
+            seen[pid] = rows[pid][1]
+    if select.select([sys.stdin], [], [], 0.5)[0]:
+        data = sys.stdin.buffer.read1(256)
+        if not data:
+            break
+        received += data
+        node = b"--node-id=" + received.split(b"\n")[0].strip()
+for attempt in range(3):
+    rows = table()
+    for pid, (ppid, start, command) in rows.items():
+        if seen.get(pid) == start or (node in command.split(b"\0") and pid != os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    time.sleep(1.0)
+"""
+_WATCHDOGS: list[Any] = []  # kept open for the life of this process
+
+
+def _watch_for_driver_death() -> Any:
+    """Make sure a local Ray started here dies with this process (Linux, via ``/proc``).
+
+    Returns:
+        The watchdog process (its standard input stays open until this process ends), or
+        ``None`` where there is no ``/proc``.
+    """
+    import subprocess
+    import sys
+
+    if not os.path.isdir("/proc"):
+        return None
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid())], stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    _WATCHDOGS.append(watchdog)
+    return watchdog
 
 
 def _check_reachable(address: str, what: str, timeout: float = 5.0) -> None:
