@@ -393,7 +393,8 @@ def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path: Path) -> None:
     before = set(_ray_nodes().values())
     driver = subprocess.Popen(
         [sys.executable, "-m", "attnviz", "heads", "--input", str(corpus), *TOY,
-         "--engine", "ray", "--workers", "1", "--no-cache", "-f", "csv", "-o",
+         "--engine", "ray", "--ray-address", "local", "--workers", "1", "--no-cache",
+         "-f", "csv", "-o",
          str(tmp_path / "h.csv")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     ours: set[str] = set()
