@@ -1140,12 +1140,14 @@ class Exporter:
     def _stop_pool(self, cancel: bool) -> None:
         """Wait for the workers to finish, or (``cancel``) end them now: an interrupted or
         failed export stops drawing at once, and their temporary files are removed."""
-        pool, self._pool = self._pool, None
+        pool = self._pool
         if pool is None:
             return
         if not cancel:
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=True)  # interrupted here: the cancelling call still finds it
+            self._pool = None
             return
+        self._pool = None
         processes = list((getattr(pool, "_processes", None) or {}).values())
         for process in processes:
             with contextlib.suppress(Exception):
@@ -1188,10 +1190,10 @@ class Exporter:
             self.jobs = jobs_for(stream.peek(), self.jobs)
         elif stream.ahead() <= 1 and len(self.options.figures) == 1:
             self.jobs = 1  # one text, one kind of figure: one frame, nothing to share
-        self._start_pool()
         index = _Index(self.out_dir)
         number = 0
         try:
+            self._start_pool()
             for item in stream:
                 if item.blank:
                     self.summary.blank += 1
@@ -1207,6 +1209,7 @@ class Exporter:
             self._prefetched.clear()
             if self.options.html:
                 self._write_report(index)
+            self._stop_pool(cancel=False)
         except BaseException:
             self._stop_pool(cancel=True)
             self.summary.seconds = time.perf_counter() - started
@@ -1215,7 +1218,6 @@ class Exporter:
             else:
                 index.discard()
             raise
-        self._stop_pool(cancel=False)
         self.summary.seconds = time.perf_counter() - started
         self._write_index(index)
         return self.summary
@@ -1600,12 +1602,17 @@ class Exporter:
                                  f"{len(missing)} files were not written (first: {missing[0]})",
                                  folder=name))
             return
+        from attnviz.fileio import signals_held
+
         pending.manifest["complete"] = True
-        # Listed first: an interruption right after the manifest still finds the text listed.
-        index.add(self._entry(pending.number, pending.item, name, pending.manifest, "exported"))
-        _write_json(pending.folder / MANIFEST, pending.manifest)
-        self.summary.files_written += 1
-        self.summary.exported += 1
+        # The manifest and the index entry together: an interruption never leaves a text
+        # listed as exported whose folder is not complete (nor the other way round).
+        with signals_held():
+            _write_json(pending.folder / MANIFEST, pending.manifest)
+            index.add(self._entry(pending.number, pending.item, name, pending.manifest,
+                                  "exported"))
+            self.summary.files_written += 1
+            self.summary.exported += 1
         seconds = time.perf_counter() - pending.started
         self.progress.end_text(pending.label, "exported",
                                f"{name}: {pending.written + 1} files written, "

@@ -445,20 +445,27 @@ def _atomic(target: Path, root: Path | None) -> Iterator[tuple[_Folder, str, int
             raise OutputError(f"cannot write {target}: it is a folder",
                               "give a file name, e.g. -o attention.png")
         _clean_folder(folder)
-        tmp, fd = _create_temp(folder, name, target)
+        created: list[str] = []  # set with Ctrl-C held: a temporary is never left unremoved
         try:
+            with signals_held():
+                tmp, fd = _create_temp(folder, name, target)
+                created.append(tmp)
             yield folder, tmp, fd
             # rename() replaces a link standing at the target itself, never what it points to
             os.replace(folder.at(tmp), folder.at(name), src_dir_fd=folder.fd,
                        dst_dir_fd=folder.fd)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(folder.at(tmp), dir_fd=folder.fd)
+            _unlink_all(folder, created)
             raise _describe_os_error(exc, target) from None
         except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(folder.at(tmp), dir_fd=folder.fd)
+            _unlink_all(folder, created)
             raise
+
+
+def _unlink_all(folder: _Folder, names: list[str]) -> None:
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(folder.at(name), dir_fd=folder.fd)
 
 
 @contextlib.contextmanager
@@ -524,7 +531,7 @@ def scratch_file(folder: Path | str, name: str) -> Iterator[IO[str]]:
     """A text file for this run's own use in ``folder``, created exclusively and removed at
     the end (at once where the OS allows, so a killed run leaves nothing behind)."""
     folder = Path(folder)
-    with open_folder(folder, ()) as opened:
+    with open_folder(folder, ()) as opened, signals_held():
         tmp, fd = _create_temp(opened, name, folder / name, read=True)
         unlinked = False
         with contextlib.suppress(OSError):
@@ -546,6 +553,40 @@ def scratch_file(folder: Path | str, name: str) -> Iterator[IO[str]]:
 
 
 # --------------------------------------------------------------------------- folder lock
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold off Ctrl-C and SIGTERM for a few steps that must happen together.
+
+    Two writes that describe one state (a folder's manifest and its index entry) must both
+    happen or neither, and a temporary file must be known to the code that removes it: a
+    signal arriving in the block is noted and raised again when the block ends (so its own
+    handler runs then, or the default action happens). Python runs signal handlers in the main
+    thread only, so this works there; elsewhere it does nothing.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def note(signum: int, _frame: object) -> None:
+        received.append(signum)
+
+    previous: dict[int, Any] = {}
+    for signum in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
+        if signum is not None and signal.getsignal(signum) is not None:
+            previous[signum] = signal.signal(signum, note)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)
+
+
 class FolderLock:
     """An exclusive, non-blocking lock on an output folder (``flock`` on a lock file in it).
 

@@ -31,13 +31,14 @@ def _texts(path: Path, count: int) -> Path:
 
 
 @contextlib.contextmanager
-def _export(*args: object, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+def _export(*args: object, env: dict[str, str] | None = None,
+            stdin: int | None = None) -> Iterator[subprocess.Popen]:
     """``attnviz export ARGS`` in a new process group, killed (with its group) at the end."""
     command = [sys.executable, "-c", "from attnviz.cli import main; main()", "export",
                *[str(a) for a in args]]
     full_env = {**os.environ, "MPLBACKEND": "Agg", **(env or {})}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               start_new_session=True, env=full_env)
+    process = subprocess.Popen(command, stdin=stdin, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, start_new_session=True, env=full_env)
     try:
         yield process
     finally:
@@ -45,6 +46,18 @@ def _export(*args: object, env: dict[str, str] | None = None) -> Iterator[subpro
             os.killpg(process.pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
             process.communicate(timeout=10)
+
+
+def _feed(process: subprocess.Popen, count: int, start: int = 0) -> None:
+    """Write ``count`` texts to the export's standard input and leave the pipe open.
+
+    An export reading a pipe that stays open never runs out of work, so a test that signals
+    it mid-run cannot lose a race against a fast machine.
+    """
+    assert process.stdin is not None
+    process.stdin.write(b"".join(f"text number {i} with a few words in it\n".encode()
+                                 for i in range(start, start + count)))
+    process.stdin.flush()
 
 
 def _group_alive(pgid: int) -> bool:
@@ -103,8 +116,9 @@ def _leftovers(out: Path) -> list[Path]:
 
 def test_workers_die_with_a_killed_export(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    texts = _texts(tmp_path / "texts.txt", 300)
-    with _export("--input", texts, *TOY, "--jobs", "2", "-o", out) as process:
+    with _export("--input", "-", *TOY, "--jobs", "2", "-o", out,
+                 stdin=subprocess.PIPE) as process:
+        _feed(process, 300)
         _workers_started(process, out)
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
@@ -124,8 +138,9 @@ def test_workers_die_with_a_killed_export(tmp_path: Path) -> None:
 def test_signal_stops_the_whole_export(tmp_path: Path, how: str, code: int,
                                        message: str) -> None:
     out = tmp_path / "out"
-    texts = _texts(tmp_path / "texts.txt", 300)
-    with _export("--input", texts, *TOY, "--jobs", "2", "-o", out) as process:
+    with _export("--input", "-", *TOY, "--jobs", "2", "-o", out,
+                 stdin=subprocess.PIPE) as process:
+        _feed(process, 300)
         _workers_started(process, out)
         _wait_for(lambda: _one_done(out, process), 120, "a text to be complete")
         if how == "term":
@@ -148,11 +163,17 @@ def test_signal_stops_the_whole_export(tmp_path: Path, how: str, code: int,
 
 
 def test_two_exports_into_one_folder(tmp_path: Path) -> None:
+    """The second export fails at once while the first holds the folder.
+
+    The first one reads its texts from a pipe this test keeps open, so it is still running
+    (holding the lock, waiting for more lines) however fast the machine is.
+    """
     out = tmp_path / "out"
-    texts = _texts(tmp_path / "texts.txt", 6)
-    with _export("--input", texts, *TOY, "--jobs", "1", "-o", out) as first:
+    with _export("--input", "-", *TOY, "--jobs", "1", "-o", out,
+                 stdin=subprocess.PIPE) as first:
         from attnviz.export import LOCK_NAME
 
+        _feed(first, 3)
         _wait_for(lambda: (out / LOCK_NAME).exists() or first.poll() is not None, 120,
                   "the first export to start")
         assert first.poll() is None, first.communicate()[1].decode()
@@ -162,10 +183,14 @@ def test_two_exports_into_one_folder(tmp_path: Path) -> None:
         assert second.returncode == 1, stderr
         assert f"another export is writing to {out} (pid {first.pid})" in stderr
         assert "Traceback" not in stderr
+        assert first.poll() is None  # still waiting for its input
+        _feed(first, 3, start=3)
         _, err = first.communicate(timeout=300)
         assert first.returncode == 0, err.decode()
     index = json.loads((out / "index.json").read_text("utf-8"))
     assert len(index["texts"]) == 6 and all(e["status"] == "exported" for e in index["texts"])
+    assert not (out / "other-text").exists() and not any(
+        p.name.startswith("other-text") for p in out.iterdir())
     assert _leftovers(out) == []
 
 

@@ -1,0 +1,112 @@
+"""A signal at the worst moment: nothing half-done stays behind.
+
+Each test sends itself SIGTERM (handled by raising :class:`Stop`, as the CLI turns SIGTERM into
+an exception) at an exact point in the code, so the race the process tests can only hit by
+chance is hit every time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import attnviz.export as export_module
+import attnviz.fileio as fileio
+from attnviz.export import ExportItem, ExportOptions, export_items
+from attnviz.models import ModelSpec
+from attnviz.models.toy import ToyConfig
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+
+class Stop(Exception):
+    """What the SIGTERM handler raises."""
+
+
+@pytest.fixture()
+def sigterm_raises() -> Iterator[None]:
+    def stop(signum: int, frame: object) -> None:
+        raise Stop
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _signal_self() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_signals_held_defers_the_signal_to_the_end_of_the_block(sigterm_raises: None) -> None:
+    steps: list[str] = []
+    with pytest.raises(Stop):
+        with fileio.signals_held():
+            _signal_self()
+            time.sleep(0.05)  # unheld, the handler would raise here
+            steps.append("after the signal")
+        steps.append("after the block")
+    assert steps == ["after the signal"]
+
+
+def test_signals_held_restores_the_handlers(sigterm_raises: None) -> None:
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    with fileio.signals_held():
+        assert signal.getsignal(signal.SIGTERM) is not before[0]
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_signals_held_keeps_an_ignored_signal_ignored(sigterm_raises: None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with fileio.signals_held():
+        _signal_self()
+        time.sleep(0.05)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # and we are still here
+
+
+def test_a_signal_right_after_the_temporary_is_created_leaves_nothing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sigterm_raises: None) -> None:
+    real = fileio._create_temp
+
+    def create_then_signal(*args, **kwargs):  # type: ignore[no-untyped-def]
+        created = real(*args, **kwargs)
+        _signal_self()
+        return created
+
+    monkeypatch.setattr(fileio, "_create_temp", create_then_signal)
+    with pytest.raises(Stop):
+        fileio.atomic_write_text(tmp_path / "out.txt", "text")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_signal_between_manifest_and_index_entry(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sigterm_raises: None) -> None:
+    """The index never lists a text as exported whose folder is not complete."""
+    real_add = export_module._Index.add
+
+    def add_then_signal(self, entry):  # type: ignore[no-untyped-def]
+        real_add(self, entry)
+        if entry.get("status") == "exported":
+            _signal_self()
+
+    monkeypatch.setattr(export_module._Index, "add", add_then_signal)
+    out = tmp_path / "out"
+    items = [ExportItem(text=t, origin=f"text {n}")
+             for n, t in enumerate(["the cat sat", "a dog barked"], 1)]
+    with pytest.raises(Stop):
+        export_items(items, out, ExportOptions(jobs=1, figures=("heads",)),
+                     spec=ModelSpec(name="toy", toy=ToyConfig(layers=1, heads=2)))
+    index = json.loads((out / "index.json").read_text("utf-8"))
+    listed = [e for e in index["texts"] if e["status"] == "exported"]
+    assert len(listed) == 1
+    manifest = json.loads((out / listed[0]["folder"] / "export.json").read_text("utf-8"))
+    assert manifest["complete"] is True
+    assert [p for p in out.rglob("*") if p.name.endswith((".tmp", ".lock"))] == []
