@@ -570,7 +570,7 @@ def render_task(task: RenderTask, on_file: Callable[[int], None] | None = None
     # kill this one with SIGBUS; a copy is read (and checked) once.
     shown = figure_view(load_capture(folder, mmap=False), words=task.words,
                         exclude_special=task.exclude_special, tokens=task.tokens,
-                        queries=task.queries, keys=task.keys)
+                        queries=task.queries, keys=task.keys, clip=True)
     view, suffix = shown.capture, shown.suffix
     digits, fmt = _digits(view), task.fmt
     col_labels = [f"head {h}" for h in view.heads]
@@ -1350,7 +1350,7 @@ class Exporter:
             try:  # a window that does not fit this text fails the text, not the export
                 check_windows(view_labels(capture, words=options.words,
                                           exclude_special=options.exclude_special),
-                              options.tokens, options.queries, options.keys)
+                              options.tokens, options.queries, options.keys, clip=True)
             except UsageError as error:
                 raise InputError(error.message, error.hint) from None
         manifest = {

@@ -300,6 +300,50 @@ def test_bad_windows_name_the_fix(spec: str, fragment: str) -> None:
         parse_window(spec, tokens)
 
 
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("0:40", (0, 10)), ("-40:", (0, 10)), ("-40:3", (0, 3)), ("8:99", (8, 10)), ("2:5", (2, 5)),
+])
+def test_clipped_windows_cut_at_the_ends(spec: str, expected: tuple[int, int]) -> None:
+    tokens = [f"w{i}" for i in range(10)]
+    window = parse_window(spec, tokens, clip=True)
+    assert (window.start, window.stop) == expected
+
+
+@pytest.mark.parametrize(("spec", "fragment"), [
+    ("40:60", "is empty"), ("12", "out of range"), ("zebra:", "no token 'zebra'"),
+])
+def test_clipped_windows_still_refuse_what_shows_nothing(spec: str, fragment: str) -> None:
+    with pytest.raises(UsageError, match=fragment):
+        parse_window(spec, [f"w{i}" for i in range(10)], clip=True)
+
+
+def test_export_cuts_one_window_at_each_texts_end(invoke, tmp_path: Path) -> None:
+    """--tokens 0:20 over texts of 8 and 30 tokens: the short one whole, the long one cut."""
+    inputs = tmp_path / "texts.txt"
+    inputs.write_text("a b c d e f\n" + " ".join(f"w{i}" for i in range(28)) + "\n")
+    out = tmp_path / "out"
+    result = invoke("export", "--input", inputs, "--model", "toy", "--toy-layers", "1",
+                    "--toy-heads", "1", "--tokens", "0:20", "--figures", "heads", "--jobs", "1",
+                    "-o", out)
+    assert result.exit_code == 0, result.output
+    sizes = {}
+    for manifest in out.glob("*/export.json"):
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        with Image.open(manifest.parent / "heads" / "L00_H00.png") as image:
+            sizes[data["num_tokens"]] = image.size
+    assert sorted(sizes) == [6, 28]
+    for shown, tokens in ((6, 6), (20, 28)):
+        width, height = heatmap.head_figure_size(shown)
+        assert sizes[tokens] == (round(width * 100), round(height * 100))
+    # A window that is empty for a text fails that text (exit 1), the others are drawn.
+    result = invoke("export", "--input", inputs, "--model", "toy", "--toy-layers", "1",
+                    "--toy-heads", "1", "--tokens", "10:20", "--figures", "heads", "--jobs",
+                    "1", "-o", tmp_path / "second")
+    assert result.exit_code == 1 and "--tokens 10:20 is empty" in result.output
+    index = json.loads((tmp_path / "second" / "index.json").read_text(encoding="utf-8"))
+    assert sorted(e["status"] for e in index["texts"]) == ["exported", "failed"]
+
+
 def test_a_window_draws_its_true_labels_and_says_so() -> None:
     tokens = [f"w{i}" for i in range(50)]
     capture = make_capture(tokens, heads=1, seed=3)

@@ -258,14 +258,17 @@ def _window_shown(tokens: list[str]) -> str:
 
 
 def _window_end(part: str, tokens: list[str], option: str, after: int, end: bool,
-                source: str = "the input") -> int:
-    """One end of a window: a position (negative counts from the end) or a token's text."""
+                source: str = "the input", clip: bool = False) -> int:
+    """One end of a window: a position (negative counts from the end) or a token's text.
+    With ``clip`` a position past either end is cut at it (as a Python slice is)."""
     from attnviz.errors import UsageError
 
     size = len(tokens)
     text = part.strip()
     if is_position(text):
         index = int(text)
+        if clip:
+            return max(0, min(size, index + size if index < 0 else index))
         if not -size <= index <= size:
             raise UsageError(f"{option} {index} is out of range: the input has {size} tokens "
                              f"(positions 0..{size}, or -{size}..-1 from the end)",
@@ -283,7 +286,7 @@ def _window_end(part: str, tokens: list[str], option: str, after: int, end: bool
 
 
 def parse_window(spec: str | None, tokens: list[str], option: str = "--tokens",
-                 source: str = "the input") -> Window:
+                 source: str = "the input", *, clip: bool = False) -> Window:
     """The window a user asked for with ``--tokens``, ``--queries`` or ``--keys``.
 
     ``spec`` is ``A:B``, Python-slice style: 0-based positions, ``B`` excluded, negative
@@ -297,6 +300,9 @@ def parse_window(spec: str | None, tokens: list[str], option: str = "--tokens",
         tokens: the labels of the view's tokens.
         option: the option's name, for messages.
         source: what the tokens are, for messages (``"the input"``, ``"A"``).
+        clip: cut a range's positions at the input's ends instead of refusing them (export
+            applies one window to texts of every length: ``0:40`` is a short text whole).
+            A single position, or a range left empty by the cut, is still an error.
 
     Raises:
         UsageError: a position out of range, an unknown token, or an empty window.
@@ -317,9 +323,9 @@ def parse_window(spec: str | None, tokens: list[str], option: str = "--tokens",
             raise UsageError(f"{option} {spec}: the input has {size} tokens (0..{size - 1})")
         return Window(start, start + 1, size)
     head, _, tail = text.partition(":")
-    start = (_window_end(head, tokens, option, 0, end=False, source=source)
+    start = (_window_end(head, tokens, option, 0, end=False, source=source, clip=clip)
              if head.strip() else 0)
-    stop = (_window_end(tail, tokens, option, start, end=True, source=source)
+    stop = (_window_end(tail, tokens, option, start, end=True, source=source, clip=clip)
             if tail.strip() else size)
     if stop <= start:
         raise UsageError(f"{option} {spec} is empty (from position {start} to {stop})",
@@ -357,18 +363,19 @@ def view_labels(capture: Capture, *, words: bool = False,
 
 
 def parse_windows(labels: list[str], tokens: str | None = None, queries: str | None = None,
-                  keys: str | None = None) -> tuple[Window, Window]:
+                  keys: str | None = None, *, clip: bool = False) -> tuple[Window, Window]:
     """The query and key windows; ``queries`` and ``keys`` default to ``tokens``."""
     rows = parse_window(queries if queries else tokens, labels,
-                        "--queries" if queries else "--tokens")
-    cols = parse_window(keys if keys else tokens, labels, "--keys" if keys else "--tokens")
+                        "--queries" if queries else "--tokens", clip=clip)
+    cols = parse_window(keys if keys else tokens, labels, "--keys" if keys else "--tokens",
+                        clip=clip)
     return rows, cols
 
 
 def check_windows(labels: list[str], tokens: str | None = None, queries: str | None = None,
-                  keys: str | None = None) -> None:
+                  keys: str | None = None, *, clip: bool = False) -> None:
     """Raise :class:`~attnviz.errors.UsageError` when a window does not fit these tokens."""
-    parse_windows(labels, tokens, queries, keys)
+    parse_windows(labels, tokens, queries, keys, clip=clip)
 
 
 def check_window_syntax(spec: str | None, option: str = "--tokens") -> None:
@@ -414,14 +421,15 @@ class FigureView:
 
 def figure_view(capture: Capture, *, words: bool = False, exclude_special: bool = False,
                 tokens: str | None = None, queries: str | None = None,
-                keys: str | None = None) -> FigureView:
+                keys: str | None = None, clip: bool = False) -> FigureView:
     """The view, windows and labels of a figure, from the options a command was given.
 
-    ``queries`` and ``keys`` default to ``tokens``, which defaults to every token.
+    ``queries`` and ``keys`` default to ``tokens``, which defaults to every token. ``clip``:
+    see :func:`parse_window`.
     """
     view = token_view(capture, words=words, exclude_special=exclude_special)
     labels = piece_labels(view)
-    rows, cols = parse_windows(labels, tokens, queries, keys)
+    rows, cols = parse_windows(labels, tokens, queries, keys, clip=clip)
     start = pair_start(view)
 
     def divider(window: Window) -> int | None:
