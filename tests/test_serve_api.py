@@ -478,6 +478,29 @@ def test_cli_with_server_equals_local(server_url: str, invoke: Any, cli_minilm: 
     assert Image.open(tmp_path / "h.png").size[0] > 100
 
 
+def test_compare_with_server_equals_local(server_url: str, invoke: Any, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ("compare", "The cat sat on the mat", "The dog sat on the mat", "--model", "toy",
+            "--layer", "0", "--head", "1", "--format", "json")
+    local = invoke(*args, "-o", tmp_path / "local.png")
+    remote = invoke(*args, "-o", tmp_path / "remote.png", "--server", server_url)
+    assert local.exit_code == 0 and remote.exit_code == 0, remote.output
+    remote_json, local_json = json.loads(remote.stdout), json.loads(local.stdout)
+    assert remote_json.pop("image").endswith("remote.png")
+    assert local_json.pop("image").endswith("local.png")
+    assert remote_json == local_json and remote_json["changes"]
+    assert (tmp_path / "remote.png").read_bytes() == (tmp_path / "local.png").read_bytes()
+    # It really goes to the server: a dead one is an error, not a silent local run.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("ATTNVIZ_SERVER", dead)
+    failed = invoke(*args, "-o", tmp_path / "dead.png")
+    assert failed.exit_code == 1 and "cannot reach the attnviz server" in " ".join(
+        failed.stderr.split())
+    assert not (tmp_path / "dead.png").exists()
+
+
 def test_batch_commands_with_server(server_url: str, invoke: Any, tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     corpus = tmp_path / "corpus.txt"

@@ -71,6 +71,7 @@ COMPARE_HELP = "\n\n".join([
     "  attnviz compare \"The cat sat\" --model-a minilm --model-b ./my-bert",
     "  attnviz compare \"The cat sat on the mat\" --model toy --vs-causal --head 0",
     "  attnviz compare --from a/ --from b/ --layer 0 --head 3 --format json",
+    "  attnviz compare \"The cat sat\" \"The dog sat\" --server http://127.0.0.1:8765",
 ])
 
 
@@ -261,6 +262,11 @@ def compare_command(
     truncate: Annotated[bool, typer.Option(
         "--truncate/--no-truncate", rich_help_panel=MODEL_PANEL,
         help="Past the token limit: keep the first tokens, or stop with an error.")] = True,
+    server: Annotated[str | None, typer.Option(
+        "--server", envvar="ATTNVIZ_SERVER", rich_help_panel=MODEL_PANEL, metavar="URL",
+        show_default=False,
+        help="Capture both sides through a running 'attnviz serve' at URL instead of loading "
+             "the models here ($ATTNVIZ_SERVER); the numbers are the same.")] = None,
     toy_heads: ToyHeadsOpt = 2,
     toy_layers: ToyLayersOpt = 1,
     d_model: DModelOpt = 16,
@@ -307,7 +313,7 @@ def compare_command(
         base = {"revision": revision, "trust_remote_code": trust_remote_code, "device": device,
                 "dtype": dtype, "toy_heads": toy_heads, "toy_layers": toy_layers,
                 "d_model": d_model, "seed": seed, "no_scale": no_scale,
-                "max_tokens": max_tokens, "truncate": truncate}
+                "max_tokens": max_tokens, "truncate": truncate, "server": server}
         if vs_causal:
             if model_a or model_b or (model is not None and model != "toy"):
                 raise UsageError("--vs-causal compares the toy model without and with its "
