@@ -32,8 +32,10 @@ __version__ = "0.2.0"
 if TYPE_CHECKING:
     from attnviz.capture import Capture
     from attnviz.notebook import AttentionView
+    from attnviz.session import Session
 
-__all__ = ["__version__", "Capture", "capture", "capture_text", "load_capture", "show"]
+__all__ = ["__version__", "Capture", "Session", "capture", "capture_text", "load_capture",
+           "show"]
 
 
 def capture_text(text: str, model: str | None = None, pair: str | None = None, **options: Any
@@ -81,4 +83,12 @@ def show(capture: Capture, view: str = "head", **options: Any) -> AttentionView:
 def __getattr__(name: str) -> Any:
     if name in ("Capture", "load_capture"):
         return getattr(_capture_module, name)
+    if name == "Session":  # torch still loads only when a session first captures
+        from attnviz.session import Session
+
+        return Session
     raise AttributeError(f"module 'attnviz' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

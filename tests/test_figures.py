@@ -263,7 +263,7 @@ def test_long_titles_fit_inside_every_figure() -> None:
     panel = analysis.Panel(matrix, tokens, tokens, f"A: {LONG_MODEL}: The cat sat on the mat")
     _title_boxes_inside(analysis.draw_comparison(panel, panel, title=long, diff=matrix * 0))
     # The README's clipped sample: a mean head with special tokens excluded.
-    mean = "minilm: layer 2, head mean of all heads (special tokens excluded, rows renormalised)"
+    mean = "minilm: layer 2, mean of all heads (special tokens excluded, rows renormalised)"
     _title_boxes_inside(heatmap.draw_head(matrix[:6, :6], tokens[:6], tokens[:6], title=mean))
 
 
@@ -298,6 +298,15 @@ def test_bad_windows_name_the_fix(spec: str, fragment: str) -> None:
     tokens = ["[CLS]", "the", "river", "bank", "fish", "·ing", "the", "loan", "!", "[SEP]"]
     with pytest.raises(UsageError, match=fragment):
         parse_window(spec, tokens)
+
+
+def test_out_of_range_window_names_the_valid_positions() -> None:
+    with pytest.raises(UsageError) as error:
+        parse_window("5:9", ["the", "cat", "sat", "on", "it"])
+    message = error.value.message
+    assert "the input has 5 tokens (positions 0..4, or -5..-1 from the end" in message
+    assert "5 means through the last token" in message
+    assert parse_window("2:5", ["the", "cat", "sat", "on", "it"]).stop == 5
 
 
 @pytest.mark.parametrize(("spec", "expected"), [

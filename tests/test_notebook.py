@@ -135,7 +135,7 @@ def test_saved_notebook_holds_the_widgets_and_the_fallback(executed) -> None:
         assert doc["tokens"] == capture.tokens and doc["text"] == capture.text
         assert data["text/html"].startswith("<iframe") and "srcdoc=" in data["text/html"]
     assert ids[3] == ids[4] != ids[2]  # two views, two models; the second shown twice
-    assert cap_gpt2.causal and cap_gpt2.meta["attn_implementation"] == "sdpa"
+    assert cap_gpt2.causal and cap_gpt2.meta["model_attn_implementation"] == "sdpa"
 
 
 def _srcdoc(fragment: str) -> str:

@@ -83,7 +83,9 @@ def test_sdpa_model_equals_the_eager_capture_and_is_left_as_it_was(folders, kind
     assert captured.weights.dtype == np.float32
     assert captured.weights.shape == reference.weights.shape
     np.testing.assert_allclose(captured.weights, reference.weights, atol=1e-5, rtol=0)
-    assert captured.meta["attn_implementation"] == "sdpa"
+    assert captured.meta["attn_implementation"] == "eager"
+    assert captured.meta["model_attn_implementation"] == "sdpa"
+    assert "back to sdpa" in captured.meta["attn_switch"]
     # Left as it was: implementation everywhere, eval/train flags, and what it computes.
     assert model.config._attn_implementation == "sdpa"
     assert _implementations(model) == before

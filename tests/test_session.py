@@ -187,3 +187,30 @@ def test_two_threads_on_two_models_and_the_cache(loads, minilm) -> None:
         np.testing.assert_allclose(capture.weights, minilm.capture(text).weights, atol=1e-6)
     for capture in toy_caps:
         np.testing.assert_allclose(capture.weights, toy_reference.weights, atol=1e-6)
+
+
+def test_readme_session_example_runs_as_written(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+                                                ) -> None:
+    """README's own-session snippet, executed verbatim (with a private cache folder)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    snippet = next(b for b in blocks if "attnviz.Session(" in b)
+    assert attnviz.Session is Session and "Session" in dir(attnviz)
+    monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    namespace: dict[str, Any] = {"attnviz": attnviz}
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    assert namespace["cap"].weights.shape == (1, 2, 3, 3)  # toy, layer 0: 3 tokens
+    caps = namespace["caps"]
+    assert [c.text for c in caps] == ["The cat sat", "A dog barked"]
+    assert caps[0].weights.shape[:2] == (6, 12)  # the bundled MiniLM
+    np.testing.assert_allclose(caps[0].weights.sum(-1), 1, atol=1e-5)
+    # Reaching attnviz.Session does not import torch (the session loads it on first capture).
+    code = "import sys, attnviz; attnviz.Session; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "False"

@@ -221,3 +221,27 @@ def test_find_token():
         find_token(tokens, "the:3")
     with pytest.raises(UsageError, match="out of range"):
         find_token(tokens, "6")
+
+
+def test_words_then_exclude_special_order() -> None:
+    """Both views: words merged first, then specials dropped and rows renormalised (as the
+    docs state), computed here by hand from the raw weights."""
+    rng = np.random.default_rng(7)
+    raw = rng.random((1, 1, 6, 6)) ** 3
+    raw /= raw.sum(-1, keepdims=True)
+    tokens = ["[CLS]", "snow", "##board", "##ers", "jump", "[SEP]"]
+    word_ids: list[int | None] = [None, 0, 0, 0, 1, None]
+    capture = Capture(tokens=tokens, word_ids=word_ids, special=[w is None for w in word_ids],
+                      weights=raw.astype(np.float32), layers=[0], heads=[0], num_layers=1,
+                      num_heads=1, model="hand", causal=False, text="snowboarders jump")
+    from attnviz.analysis.tokens import token_view
+
+    view = token_view(capture, words=True, exclude_special=True)
+    assert view.tokens == ["snowboarders", "jump"]
+    pieces = raw[0, 0][[1, 2, 3]][:, 1:5]  # the word's pieces' rows, special columns dropped
+    row = np.array([pieces[:, :3].sum(-1).mean(), pieces[:, 3].mean()])
+    np.testing.assert_allclose(view.weights[0, 0, 0], row / row.sum(), atol=1e-6)
+    # The other order (renormalise pieces first, then merge) gives other numbers here.
+    renormalised = pieces / pieces.sum(-1, keepdims=True)
+    other = np.array([renormalised[:, :3].sum(-1).mean(), renormalised[:, 3].mean()])
+    assert np.abs(other - row / row.sum()).max() > 1e-3

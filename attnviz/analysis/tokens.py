@@ -271,7 +271,8 @@ def _window_end(part: str, tokens: list[str], option: str, after: int, end: bool
             return max(0, min(size, index + size if index < 0 else index))
         if not -size <= index <= size:
             raise UsageError(f"{option} {index} is out of range: the input has {size} tokens "
-                             f"(positions 0..{size}, or -{size}..-1 from the end)",
+                             f"(positions 0..{size - 1}, or -{size}..-1 from the end; as the "
+                             f"end of A:B, {size} means through the last token)",
                              f"the tokens are: {_window_shown(tokens)}")
         return index + size if index < 0 else index
     wanted = text.lower()

@@ -110,7 +110,8 @@ DpiOpt = Annotated[int, typer.Option("--dpi", min=20, max=600, rich_help_panel=O
                                      help="Resolution of raster images.")]
 ExcludeSpecialOpt = Annotated[bool, typer.Option(
     "--exclude-special", rich_help_panel=VIEW_PANEL,
-    help="Drop [CLS]/[SEP]/<s> rows and columns and renormalise each row to sum to 1.")]
+    help="Drop [CLS]/[SEP]/<s> rows and columns and renormalise each row to sum to 1 "
+         "(with --words: after merging the words).")]
 WordsOpt = Annotated[bool, typer.Option(
     "--words", rich_help_panel=VIEW_PANEL,
     help="Merge subword tokens into words: attention to a word is the sum over its pieces, "

@@ -50,7 +50,8 @@ class TableFormat(str, Enum):
 
 def _head_title(capture: Capture, layer: int, head: str, notes: list[str]) -> str:
     extra = f" ({', '.join(notes)})" if notes else ""
-    return f"{capture.model}: layer {layer}, head {head}{extra}"
+    named = head if head.startswith("mean") else f"head {head}"
+    return f"{capture.model}: layer {layer}, {named}{extra}"
 
 
 def _indices(indices: list[int]) -> str:
@@ -251,8 +252,11 @@ def top_k_command(
     view = view_of(capture, exclude_special=exclude_special, words=words)
     k = min(k, view.num_tokens)  # past the number of keys, -k means every key
     shown_layer = resolve_index(layer, view.num_layers, "layer")
-    head_label = ("mean" if head_choice == "mean"
-                  else str(resolve_index(int(head_choice or 0), view.num_heads, "head")))
+    if head_choice == "mean":
+        head_label = ("mean of all heads" if len(view.heads) == view.num_heads
+                      else f"mean of heads {_indices(view.heads)}")
+    else:
+        head_label = str(resolve_index(int(head_choice or 0), view.num_heads, "head"))
     rows = _topk_rows(view, layer, head_choice if head_choice == "mean" else int(head_choice or 0),
                       k)
     title = _head_title(view, shown_layer, head_label, _notes(view)) + f", top {k}"

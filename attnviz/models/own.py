@@ -257,9 +257,10 @@ def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
     """Capture the attention of a model you already hold on ``text`` (and ``pair``).
 
     The model is neither reloaded nor moved; for the call it runs with eager attention and in
-    eval mode, and both are restored afterwards (``capture.meta["attn_implementation"]`` says
-    what it ran with before). Captures of in-memory models are not cached: the model may
-    change between calls.
+    eval mode, and both are restored afterwards (``capture.meta["attn_implementation"]`` is
+    what the capture ran with, ``"eager"``; ``meta["model_attn_implementation"]`` the model's
+    own setting, and ``meta["attn_switch"]`` says when it was switched). Captures of in-memory
+    models are not cached: the model may change between calls.
 
     Args:
         model: a transformers model on any device, in any dtype.
@@ -306,7 +307,8 @@ def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
             raise ModelLoadError(f"{error.message}{note}", hint) from None
     meta = result.meta
     meta["source"] = "model object"
-    meta["attn_implementation"] = before or EAGER
+    meta["attn_implementation"] = EAGER  # what the weights come from
+    meta["model_attn_implementation"] = before or EAGER
     if before not in (None, EAGER):
         meta["attn_switch"] = f"ran with eager attention for the capture, then back to {before}"
     if training:

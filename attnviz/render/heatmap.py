@@ -1010,11 +1010,14 @@ def head_label(capture: Any, head: int | str) -> str:
 
 
 def head_title(capture: Any, layer: int, head: int | str, suffix: str = "") -> str:
-    """Title of a one-head figure: ``minilm: layer 5, head 3 (notes)``."""
+    """Title of a one-head figure: ``minilm: layer 5, head 3 (notes)`` or ``minilm: layer 5,
+    mean of all heads``."""
     from attnviz.selection import resolve_index
 
     shown = resolve_index(layer, capture.num_layers, "layer")
-    return f"{capture.model}: layer {shown}, head {head_label(capture, head)}{suffix}"
+    label = head_label(capture, head)
+    named = label if head == "mean" else f"head {label}"  # "mean of all heads", not "head mean.."
+    return f"{capture.model}: layer {shown}, {named}{suffix}"
 
 
 def layer_title(capture: Any, layer: int, suffix: str = "") -> str:
