@@ -46,3 +46,9 @@ class DumpError(AttnvizError):
 
 class OutputError(AttnvizError):
     """An output file or folder cannot be written."""
+
+
+class NotAFileError(OutputError):
+    """The output named is a device, a pipe or a socket (or a link to one): a usage error."""
+
+    exit_code = 2

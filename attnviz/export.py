@@ -1344,10 +1344,10 @@ class Exporter:
                 capture = self._select(self._capture_item(item, text, pair))
             for message in capture.meta.get("warnings", []):
                 self.progress.note(f"{label}: {message}")
-        if options.tokens or options.queries or options.keys:
+        if options.tokens or options.queries or options.keys or options.exclude_special:
             from attnviz.analysis.tokens import check_windows, view_labels
 
-            try:  # a window that does not fit this text fails the text, not the export
+            try:  # a view or window that does not fit this text fails the text, not the export
                 check_windows(view_labels(capture, words=options.words,
                                           exclude_special=options.exclude_special),
                               options.tokens, options.queries, options.keys, clip=True)

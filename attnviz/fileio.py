@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from attnviz.errors import InputError, OutputError
+from attnviz.errors import InputError, NotAFileError, OutputError
 
 # Names Windows refuses whatever the extension.
 _WINDOWS_RESERVED = {
@@ -444,6 +444,8 @@ def _atomic(target: Path, root: Path | None) -> Iterator[tuple[_Folder, str, int
         if existing is not None and stat.S_ISDIR(existing.st_mode):
             raise OutputError(f"cannot write {target}: it is a folder",
                               "give a file name, e.g. -o attention.png")
+        if existing is not None:
+            _check_replaceable(folder, name, existing, target)
         _clean_folder(folder)
         created: list[str] = []  # set with Ctrl-C held: a temporary is never left unremoved
         try:
@@ -466,6 +468,41 @@ def _unlink_all(folder: _Folder, names: list[str]) -> None:
     for name in names:
         with contextlib.suppress(OSError):
             os.unlink(folder.at(name), dir_fd=folder.fd)
+
+
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"))
+
+
+def _special_kind(mode: int) -> str | None:
+    """``"a character device"`` etc. for what is neither a regular file, a folder nor a link."""
+    return next((kind for test, kind in _KINDS if test(mode)), None)
+
+
+def _check_replaceable(folder: _Folder, name: str, existing: os.stat_result,
+                       target: Path) -> None:
+    """Refuse to replace a device, pipe or socket, or a link to one (``-o /dev/null``,
+    ``-o /dev/stdout``): a file is written to a temporary name and renamed over the target, so
+    writing "to" one would put a regular file in its place."""
+    kind = _special_kind(existing.st_mode)
+    what = f"{target} is {kind}"
+    if kind is None and stat.S_ISLNK(existing.st_mode):
+        try:
+            leads = os.readlink(folder.at(name), dir_fd=folder.fd)
+            pointed = os.stat(folder.at(name), dir_fd=folder.fd)  # where the link leads
+        except OSError:
+            return  # a dangling or looping link: replaced, never followed
+        kind = _special_kind(pointed.st_mode)
+        what = f"{target} is a link to {kind}"
+        if kind is None and leads.startswith(("/proc/", "/dev/")):
+            # /dev/stdout and friends: standard output redirected to a file is still not a
+            # file to replace (that would replace the system's link)
+            kind, what = "a stream", f"{target} is a link to {leads}"
+    if kind is not None:
+        raise NotAFileError(f"cannot write {target}: {what}, not a regular file (attnviz "
+                            "writes a new file and renames it into place)",
+                            "name a file to write; leave out -o where a command prints to "
+                            "standard output")
 
 
 @contextlib.contextmanager

@@ -534,3 +534,70 @@ def test_typed_endoftext_in_gpt2_is_special(bpe_gpt2_dir):
     assert capture.special == _expected_special(source, text)
     batch = source.capture_batch([text, "The dog ran"])
     assert batch[0].special == capture.special
+
+
+# --------------------------------------------------------------------------- nothing left to show
+ONLY_SPECIAL = "[CLS] [SEP]"  # typed special tokens: the whole input is special
+
+
+@pytest.mark.parametrize("args", [
+    ["heatmap", ONLY_SPECIAL, "--layer", "0", "--head", "0", "-o", "{o}/x.png"],
+    ["heatmap", "[SEP]", "--layer", "0", "-o", "{o}/x.png"],
+    ["heatmap", "[CLS]", "--words", "-o", "{o}/x.png"],
+    ["top-k", ONLY_SPECIAL, "--layer", "0", "--head", "0"],
+    ["heads", ONLY_SPECIAL],
+    ["rollout", ONLY_SPECIAL, "-o", "{o}/r.png"],
+    ["compare", ONLY_SPECIAL, "[SEP] [CLS]", "--layer", "0", "--head", "0", "-o", "{o}/c.png"],
+])
+def test_exclude_special_leaving_nothing_is_a_usage_error(invoke, cli_minilm, tmp_path: Path,
+                                                          args: list[str]) -> None:
+    """Only special tokens with --exclude-special: exit 2 with a message, nothing written."""
+    out = tmp_path / "out"
+    out.mkdir()
+    result = invoke(*[a.replace("{o}", str(out)) for a in args], "--exclude-special")
+    _clean(result, 2, "no tokens are left after --exclude-special", "[CLS]")
+    assert list(out.iterdir()) == []
+
+
+def test_export_fails_only_the_text_with_nothing_left(invoke, cli_minilm, tmp_path: Path
+                                                       ) -> None:
+    out = tmp_path / "out"
+    result = invoke("export", ONLY_SPECIAL, SENTENCE, "--exclude-special", "--layers", "0",
+                    "--figures", "overview", "--jobs", "1", "-o", out)
+    _clean(result, 1, "no tokens are left after --exclude-special")
+    index = json.loads((out / "index.json").read_text(encoding="utf-8"))
+    statuses = {entry["text"]: entry["status"] for entry in index["texts"]}
+    assert statuses == {ONLY_SPECIAL: "failed", SENTENCE: "exported"}
+    folders = [p.name for p in out.iterdir() if p.is_dir()]
+    assert len(folders) == 1 and folders[0].startswith("the-cat")  # no partial folder
+
+
+def test_heads_over_a_corpus_skips_the_text_with_nothing_left(invoke, cli_minilm,
+                                                               tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(f"{ONLY_SPECIAL}\n{SENTENCE}\n", encoding="utf-8")
+    result = invoke("heads", "--input", corpus, "--exclude-special", "--format", "csv")
+    output = _clean(result, 0)
+    assert "skipped a text (no tokens are left" in output
+    assert result.stdout.count("\n") == 1 + 6 * 12  # header and every head, from one text
+
+
+@pytest.mark.parametrize(("args", "flags"), [
+    (["rollout", "a b", *TOY, "-o", "{o}/r.png", "--bar", "{o}/r.png"], "--out and --bar"),
+    (["rollout", "a b", *TOY, "--token", "b", "-o", "{o}/r.png", "--bar", "{o}/./r.png"],
+     "--out and --bar"),
+    (["rollout", "a b", *TOY, "--token", "b", "-o", "{o}/r.png", "--npy", "{o}/r_bar_b.npy",
+      "--bar", "{o}/r_bar_b.png"], None),
+    (["heads", "a b", *TOY, "--plot", "{o}/h.png", "-o", "{o}/h.png"], "--out and --plot"),
+])
+def test_two_outputs_never_name_one_file(invoke, tmp_path: Path, args: list[str],
+                                         flags: str | None) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    result = invoke(*[a.replace("{o}", str(out)) for a in args])
+    if flags is None:  # distinct names: all three written
+        _clean(result, 0)
+        assert sorted(p.name for p in out.iterdir()) == ["r.png", "r_bar_b.npy", "r_bar_b.png"]
+        return
+    _clean(result, 2, f"{flags} both name", "one file would replace the other")
+    assert list(out.iterdir()) == []

@@ -451,3 +451,44 @@ def test_input_from_a_pipe_still_works(invoke, tmp_path):
     thread.join(10)
     index = json.loads((out / "index.json").read_text("utf-8"))
     assert [e["text"] for e in index["texts"]] == ["one text", "another text"]
+
+
+# --------------------------------------------------------------------------- streams as -o
+def _stream_target(kind: str, folder: Path, name: str) -> tuple[Path, str]:
+    """A target that is not a regular file; returns it and how to recognise it afterwards."""
+    target = folder / name
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "link to /dev/null":
+        target.symlink_to("/dev/null")
+    elif kind == "link to a fifo":
+        os.mkfifo(folder / "pipe")
+        target.symlink_to(folder / "pipe")
+    else:  # what /dev/stdout is on Linux
+        target.symlink_to("/proc/self/fd/1")
+    return target, os.readlink(target) if target.is_symlink() else "fifo"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX named pipes")
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/null", "link to a fifo",
+                                  "link to /proc/self/fd/1"])
+@pytest.mark.parametrize(("command", "name"), [
+    (["top-k", "a b", *TOY, "-l", "0", "--head", "0"], "out.md"),
+    (["heads", "a b", *TOY, "-f", "csv"], "out.csv"),
+    (["heatmap", "a b", *TOY, "--layer", "0", "--head", "0"], "out.png"),
+    (["html", "a b", *TOY], "out.html"),
+    (["rollout", "a b", *TOY], "out.png"),
+])
+def test_a_device_pipe_or_stream_link_is_never_replaced(invoke, tmp_path: Path, kind: str,
+                                                        command: list[str], name: str) -> None:
+    """-o /dev/null, -o /dev/stdout: a usage error, and the device, pipe or link stays."""
+    target, before = _stream_target(kind, tmp_path, name)
+    output = _clean(invoke(*command, "-o", target), 2)
+    assert "not a regular file" in output and str(target) in " ".join(output.split())
+    if target.is_symlink():
+        assert os.readlink(target) == before
+    else:
+        import stat
+
+        assert stat.S_ISFIFO(target.lstat().st_mode)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

@@ -262,6 +262,29 @@ def test_wrong_fields_get_422_with_the_cli_message(client: TestClient, body: dic
     _still_answers(client)
 
 
+@pytest.mark.parametrize("field", ["head", "heads", "layers"])
+def test_long_lists_name_their_bound(client: TestClient, field: str) -> None:
+    body: dict[str, Any] = {"text": "a b c", "model": "toy", "layer": 0, "head": 0}
+    path = "/api/topk" if field == "head" else "/api/capture"
+    if field != "head":
+        body.pop("layer"), body.pop("head")
+    body[field] = [0] * 4097
+    error = _error(client.post(path, json=body), 413)
+    assert f"'{field}' lists 4097 items; at most 4096" in error["message"]
+    body[field] = []
+    assert "empty list" in _error(client.post(path, json=body), 422)["message"]
+
+
+def test_a_view_with_no_tokens_left_is_the_cli_error(client: TestClient, invoke: Any) -> None:
+    body = {"text": "[CLS] [SEP]", "model": "minilm", "layer": 0, "head": 0,
+            "exclude_special": True}
+    error = _error(client.post("/api/topk", json=body), 422)
+    cli = invoke("top-k", "[CLS] [SEP]", "--layer", "0", "--head", "0", "--exclude-special")
+    assert cli.exit_code == 2
+    assert error["message"] in " ".join(cli.stderr.split())
+    assert "no tokens are left after --exclude-special" in error["message"]
+
+
 def test_layer_out_of_range_says_what_the_cli_says(client: TestClient, invoke: Any) -> None:
     cli = invoke("top-k", SENTENCE, "--model", "toy", "--layer", "3", "--head", "0")
     assert cli.exit_code == 2

@@ -134,13 +134,17 @@ class CorpusPart:
         Returns:
             The warnings to show: the capture's own, or the failure.
         """
+        if not isinstance(result, InputError):
+            try:
+                view = token_view(result, words=words, exclude_special=exclude_special)
+            except InputError as error:  # nothing left of it (only special tokens)
+                result = error
         if isinstance(result, InputError):
             self.failed += 1
             if self.error is None or position < self.error[0]:
                 self.error = (position, result)
             return [f"skipped a text ({result.message}): {text[:60]!r}"]
         messages = [str(message) for message in result.meta.get("warnings", [])]
-        view = token_view(result, words=words, exclude_special=exclude_special)
         sums = stat_sums(view)
         self.sums = sums if self.sums is None else self.sums + sums
         if position > self.position:
@@ -176,7 +180,11 @@ class CorpusPart:
             InputError: no text could be used.
         """
         if self.sums is None or self.view is None:
-            raise InputError("no text of the input could be used", "check the input file")
+            if self.error is not None and self.failed == 1:
+                raise self.error[1]  # one text, unusable: its own message says why
+            first = f" (the first: {self.error[1].message})" if self.error is not None else ""
+            raise InputError(f"no text of the input could be used{first}",
+                             "check the input file")
         return CorpusStats(self.sums, self.view, self.failed)
 
 

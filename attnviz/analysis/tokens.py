@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnviz.capture import Capture
+from attnviz.errors import InputError
 
 #: Prefix that marks a continuation piece in labels and tables: ``un ·bel ·ie ·va ·bly`` is one
 #: word in five pieces. The middle dot is the same for every tokenizer (WordPiece's ``##``,
@@ -23,6 +24,14 @@ def renormalise_rows(weights: np.ndarray) -> np.ndarray:
     return np.divide(weights, sums, out=np.zeros_like(weights), where=sums > 0)
 
 
+def nothing_left_error(tokens: list[str]) -> InputError:
+    """What to say when ``--exclude-special`` would leave no token at all."""
+    shown = " ".join(tokens[:8]) + (" ..." if len(tokens) > 8 else "")
+    return InputError(f"no tokens are left after --exclude-special: the input has only special "
+                      f"tokens ({shown})",
+                      "leave out --exclude-special, or give a text with words in it")
+
+
 def exclude_special(capture: Capture) -> Capture:
     """Drop special tokens ([CLS], [SEP], <s>, ...) from queries and keys and renormalise rows.
 
@@ -31,6 +40,8 @@ def exclude_special(capture: Capture) -> Capture:
     keep = [i for i, special in enumerate(capture.special) if not special]
     if len(keep) == len(capture.tokens):
         return capture
+    if not keep:
+        raise nothing_left_error(capture.tokens)
     weights = np.asarray(capture.weights, dtype=np.float32)[:, :, keep][:, :, :, keep]
     meta = {**capture.meta, "special_excluded": True}
     start = pair_start(capture)
@@ -351,7 +362,11 @@ def window_note(rows: Window, cols: Window) -> str:
 def view_labels(capture: Capture, *, words: bool = False,
                 exclude_special: bool = False) -> list[str]:
     """The labels of :func:`token_view`'s tokens (as :func:`piece_labels`), without computing
-    its weights: to check a window before drawing."""
+    its weights: to check a view and its windows before drawing.
+
+    Raises:
+        InputError: ``exclude_special`` leaves no token (the input is only special tokens).
+    """
     if words:
         groups = word_groups(capture)
         labels = [join_pieces([capture.display_tokens[i] for i in g]) for g in groups]
@@ -360,6 +375,8 @@ def view_labels(capture: Capture, *, words: bool = False,
         labels, special = piece_labels(capture), list(capture.special)
     if exclude_special:
         labels = [label for label, is_special in zip(labels, special) if not is_special]
+        if not labels:
+            raise nothing_left_error(capture.tokens)
     return labels
 
 

@@ -32,6 +32,23 @@ def check_image_path(path: Path | None, option: str) -> None:
                          "end the file name in .png, .svg or .pdf")
 
 
+def check_distinct_outputs(**paths: Path | None) -> None:
+    """Refuse two output options naming one file (``-o r.png --bar r.png``): the second
+    write would silently replace the first. Keyword names are the options without dashes."""
+    import os
+
+    seen: dict[str, str] = {}
+    for option, path in paths.items():
+        if path is None:
+            continue
+        key = os.path.normcase(os.path.abspath(path))
+        flag = f"--{option.replace('_', '-')}"
+        if key in seen:
+            raise UsageError(f"{seen[key]} and {flag} both name {path}: one file would replace "
+                             "the other", "give each output its own file name")
+        seen[key] = flag
+
+
 def print_wide(table: Any) -> None:
     """Print a table at its natural width (wider than the console rather than truncated)."""
     from rich.measure import Measurement

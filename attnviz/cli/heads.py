@@ -19,7 +19,12 @@ import typer
 from rich.markup import escape
 
 from attnviz.cli import app
-from attnviz.cli._analysis_common import LazyModel, capture_text, check_image_path
+from attnviz.cli._analysis_common import (
+    LazyModel,
+    capture_text,
+    check_distinct_outputs,
+    check_image_path,
+)
 from attnviz.cli._common import (
     INPUT_PANEL,
     OUTPUT_PANEL,
@@ -347,6 +352,7 @@ def heads_command(
     stat_key = stat.value
     parse_columns(columns, (*_STATS, "induction"))  # a misspelt name fails before any work
     check_image_path(plot, "--plot")
+    check_distinct_outputs(out=out, plot=plot)
     if plot is not None:
         from attnviz.render.heatmap import check_cmap
 

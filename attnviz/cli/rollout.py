@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from attnviz.cli import app
-from attnviz.cli._analysis_common import check_image_path
+from attnviz.cli._analysis_common import check_distinct_outputs, check_image_path
 from attnviz.cli._common import (
     OUTPUT_PANEL,
     VIEW_PANEL,
@@ -127,6 +127,7 @@ def rollout_command(
     check_image_path(bar, "--bar")
     if npy is not None and npy.suffix.lower() != ".npy":
         raise UsageError(f"--npy {npy} must end in .npy")
+    check_distinct_outputs(out=out, bar=bar)  # before any work; the defaults again below
     check_indices(request, layer=start_layer)  # from the model's config, before loading it
     from attnviz.analysis.rollout import rollout_view, save_matrix
     from attnviz.render import analysis as figures
@@ -140,6 +141,7 @@ def rollout_command(
     npy_path = npy or out_path.with_suffix(".npy")
     bar_path = bar or out_path.with_name(
         f"{out_path.stem}_bar_{_token_slug(result.tokens, result.index)}{out_path.suffix}")
+    check_distinct_outputs(out=out_path, npy=npy_path, bar=bar_path)
     if view.causal:
         warn("rollout on a causal model favours early tokens: every later token sees them, so "
              "the product of lower-triangular matrices piles weight on the first positions. "

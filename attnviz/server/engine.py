@@ -179,10 +179,11 @@ class Fields:
             if len(value) > 1000:
                 raise ApiError(413, f"'{name}' is longer than 1000 characters")
             return value
-        if isinstance(value, list) and len(value) <= 4096 and all(
+        if isinstance(value, list) and all(
                 isinstance(v, int) and not isinstance(v, bool) for v in value):
             if not value:
                 raise ApiError(422, f"'{name}' is an empty list", "leave it out to keep all")
+            _check_length(name, value)
             return ",".join(str(v) for v in value)
         raise ApiError(422, f"'{name}' must be a selection such as \"0,2-4\" or a list of "
                             f"integers, not {json_type(value)}")
@@ -205,8 +206,12 @@ class Fields:
             raise ApiError(422, f"'{name}' is missing", f'send e.g. {{"{name}": 3}} or "mean"')
         if isinstance(value, str) and value.strip().lower() == "mean":
             return "mean"
-        if isinstance(value, list) and 0 < len(value) <= 4096 and all(
+        if isinstance(value, list) and all(
                 isinstance(v, int) and not isinstance(v, bool) for v in value):
+            if not value:
+                raise ApiError(422, f"'{name}' is an empty list",
+                               f'send e.g. {{"{name}": [0, 3]}} or "mean"')
+            _check_length(name, value)
             return [int(v) for v in value] if len(value) > 1 else int(value[0])
         if isinstance(value, bool) or not isinstance(value, int):
             raise ApiError(422, f"'{name}' must be a head index, \"mean\" or a list of heads, "
@@ -634,7 +639,11 @@ def topk_payload(capture: Capture, params: TopkParams) -> dict[str, Any]:
     view = token_view(capture, words=params.words, exclude_special=params.exclude_special)
     layer = resolve_index(params.layer, view.num_layers, "layer")
     if chosen == "mean":
-        matrix, label, what = view.mean_matrix(params.layer), "mean", "head mean"
+        from attnviz.capture import format_indices
+
+        matrix, label = view.mean_matrix(params.layer), "mean"
+        what = ("mean of all heads" if len(view.heads) == view.num_heads
+                else f"mean of heads {format_indices(view.heads)}")  # as the CLI's title
     elif isinstance(chosen, list):
         heads = sorted({resolve_index(h, view.num_heads, "head") for h in chosen})
         matrix = np.mean([view.matrix(params.layer, h) for h in heads], axis=0)
@@ -751,3 +760,12 @@ def explain_payload(params: ExplainParams) -> dict[str, Any]:
     payload["causal"] = params.config.causal
     payload["scaling"] = params.config.scale
     return _plain(payload)
+
+
+MAX_LIST = 4096  # items in a layer or head list of a request
+
+
+def _check_length(name: str, value: list[Any]) -> None:
+    if len(value) > MAX_LIST:
+        raise ApiError(413, f"'{name}' lists {len(value)} items; at most {MAX_LIST}",
+                       "send a selection string such as \"0-11\" instead")
