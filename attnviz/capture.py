@@ -276,6 +276,10 @@ class Capture:
                 raise UsageError(f"the attention mask has shape {tuple(mask.shape)} but the "
                                  f"weights cover {size} positions",
                                  "pass the mask of the same batch ([batch, key])")
+            if mask.dtype.kind not in "biuf" or not np.isin(mask, (0, 1)).all():
+                raise UsageError("the attention mask must hold 0 (padding) and 1 (real "
+                                 "tokens) only; this looks like an additive mask",
+                                 "pass inputs['attention_mask'] as the tokenizer returned it")
             keep = [int(i) for i in np.flatnonzero(mask != 0)]
             if not keep:
                 raise UsageError(f"row {batch_index} of the attention mask has no real tokens")
@@ -318,6 +322,13 @@ class Capture:
                              "pass post-softmax weights (outputs.attentions of a run with "
                              "output_attentions=True) and, for a padded batch, the "
                              "attention_mask that run used") from None
+        empty = np.argwhere(weights.sum(axis=-1) < 0.5)  # real tokens attend somewhere
+        if len(empty):
+            layer, head, query = (int(v) for v in empty[0])
+            raise UsageError(f"these are not attention weights: the row of query {query} "
+                             f"(layer {layer_list[layer]}, head {head_list[head]}) is all 0",
+                             "pass post-softmax weights and, for a padded batch, the "
+                             "attention_mask that run used (its padding is dropped)")
         info: dict[str, Any] = {"source": "attentions", "warnings": []}
         info.update(meta or {})
         if text is None:
@@ -409,17 +420,51 @@ class Capture:
         from attnviz.fileio import atomic_write, atomic_write_text, ensure_dir
 
         npy_path, json_path = _paths_for_save(Path(path))
-        ensure_dir(npy_path.parent)
         data = np.ascontiguousarray(self.weights, dtype=np.float16 if float16 else np.float32)
         sidecar = self.sidecar()
         sidecar["dtype"] = str(data.dtype)
         sidecar["weights_file"] = npy_path.name
+        text = _sidecar_text(sidecar)  # before any file is touched: a bad meta loses nothing
+        ensure_dir(npy_path.parent)
         # Old sidecar out, weights in, new sidecar last: a sidecar always describes the weights
         # beside it, so an interrupted save never pairs new weights with old metadata.
         json_path.unlink(missing_ok=True)
         atomic_write(npy_path, lambda handle: np.save(handle, data, allow_pickle=False))
-        atomic_write_text(json_path, json.dumps(sidecar, ensure_ascii=False, indent=1))
+        atomic_write_text(json_path, text)
         return npy_path
+
+
+def _json_plain(value: Any) -> Any:
+    """numpy scalars and small arrays as plain JSON values (anything else cannot be saved)."""
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray) and value.size <= 10_000:
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} cannot be written to JSON")
+
+
+def _sidecar_text(sidecar: dict[str, Any]) -> str:
+    """The sidecar as JSON text, or a :class:`UsageError` naming the meta entry that is not
+    JSON data (a tensor, an object)."""
+    try:
+        return json.dumps(sidecar, ensure_ascii=False, indent=1, default=_json_plain)
+    except (TypeError, ValueError) as exc:
+        meta = sidecar.get("meta")
+        bad = [key for key, value in meta.items()
+               if not _is_json(value)] if isinstance(meta, dict) else []
+        where = f"meta[{bad[0]!r}]" if bad else "the capture's metadata"
+        raise UsageError(f"cannot save the capture: {where} is not JSON data ({exc})",
+                         "keep meta to strings, numbers, booleans, lists and dicts") from None
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value, default=_json_plain)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def format_indices(indices: Sequence[int]) -> str:
@@ -475,6 +520,8 @@ def _indices(values: Sequence[int] | None, count: int, name: str) -> list[int]:
     if not all(_whole(i) for i in items):
         raise UsageError(f"{name} must hold whole numbers, not {items!r:.60}")
     result = [int(i) for i in items]
+    if any(not 0 <= i < MAX_COUNT for i in result):
+        raise UsageError(f"{name} must lie in 0..{MAX_COUNT - 1}, not {items!r:.60}")
     repeated = sorted({i for i in result if result.count(i) > 1})
     if repeated:
         raise UsageError(f"{name} lists {name[:-1]} {repeated[0]} twice",
@@ -485,8 +532,9 @@ def _indices(values: Sequence[int] | None, count: int, name: str) -> list[int]:
 def _count(value: int | None, name: str, default: int) -> int:
     if value is None:
         return default
-    if not _whole(value) or value < 1:
-        raise UsageError(f"{name} must be a whole number of at least 1, not {value!r:.40}")
+    if not _whole(value) or not 1 <= value <= MAX_COUNT:
+        raise UsageError(f"{name} must be a whole number from 1 to {MAX_COUNT}, not "
+                         f"{value!r:.40}")
     return int(value)
 
 
@@ -539,6 +587,13 @@ def _stack_attentions(attentions: Any, batch_index: int) -> tuple[np.ndarray, in
     return np.stack([np.asarray(a, dtype=np.float32) for a in layers]), rows
 
 
+def _vocabulary_size(tokenizer: Any) -> int | None:
+    """How many ids the tokenizer knows (with added tokens), or ``None`` if it cannot say."""
+    with contextlib.suppress(Exception):
+        return int(len(tokenizer))
+    return None
+
+
 def _token_row(tokens: Any, batch_index: int, tokenizer: Any) -> list[str]:
     """One row of tokens as strings (ids are converted with the tokenizer)."""
     example = "e.g. tokenizer.convert_ids_to_tokens(inputs['input_ids'][0])"
@@ -559,7 +614,18 @@ def _token_row(tokens: Any, batch_index: int, tokenizer: Any) -> list[str]:
         if tokenizer is None:
             raise UsageError("tokens are ids: pass tokenizer= to turn them into tokens",
                              "or pass tokenizer.convert_ids_to_tokens(ids)")
-        items = list(tokenizer.convert_ids_to_tokens([int(i) for i in items]))
+        ids = [int(i) for i in items]
+        size = _vocabulary_size(tokenizer)
+        unknown = next((i for i in ids if i < 0 or (size is not None and i >= size)), None)
+        if unknown is not None:
+            known = f" (0..{size - 1})" if size is not None else ""
+            raise UsageError(f"token id {unknown} is not in the tokenizer's vocabulary{known}",
+                             "pass the input ids the model ran on")
+        try:
+            items = list(tokenizer.convert_ids_to_tokens(ids))
+        except (OverflowError, ValueError, IndexError, TypeError) as exc:
+            raise UsageError(f"the tokenizer cannot turn these ids into tokens ({exc})",
+                             "pass the input ids the model ran on") from None
     if not all(isinstance(t, str) for t in items):
         raise UsageError("tokens must all be strings (or all token ids with tokenizer=)",
                          example)
@@ -649,8 +715,9 @@ def load_capture(path: Path | str, *, mmap: bool = False) -> Capture:
         raise DumpError(f"{json_path} is not an attnviz capture sidecar",
                         "create one with: attnviz dump \"your text\" -o my_capture")
     try:
-        weights = np.load(npy_path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
+        with np.errstate(all="ignore"):  # a lying header overflows numpy's size arithmetic
+            weights = np.load(npy_path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (OSError, ValueError, EOFError, OverflowError, MemoryError) as exc:
         raise DumpError(f"cannot read {npy_path}: {exc}",
                         "the weights file is truncated or corrupt: create the capture again"
                         ) from None

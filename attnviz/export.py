@@ -409,7 +409,8 @@ class ExportSummary:
     out_dir: Path
     texts: int = 0  # inputs that were not blank
     exported: int = 0
-    skipped: int = 0  # complete from an earlier run, or the same text twice
+    skipped: int = 0  # complete from an earlier run
+    duplicates: int = 0  # the same text (and pair) again in this input: exported once
     failed: int = 0
     blank: int = 0
     files_written: int = 0
@@ -875,6 +876,7 @@ def _write_html(out: IO[str], header: dict[str, Any], entries: Iterable[dict[str
     out.write(f"<p>Last run: {escape(str(summary.get('texts', 0)))} texts: "
               f"{escape(str(summary.get('exported', 0)))} exported, "
               f"{escape(str(summary.get('skipped', 0)))} skipped, "
+              f"{escape(str(summary.get('duplicates', 0)))} duplicates, "
               f"{escape(str(summary.get('failed', 0)))} failed. Settings: "
               f"<code>{escape(json.dumps(header.get('settings', {}), ensure_ascii=False))}</code>"
               "</p>\n")
@@ -1247,7 +1249,8 @@ class Exporter:
             "format": "attnviz-export-index", "format_version": 1, "attnviz": __version__,
             "settings": {**self.settings, "model": self._model_settings},
             "summary": {"texts": summary.texts, "exported": summary.exported,
-                        "skipped": summary.skipped, "failed": summary.failed,
+                        "skipped": summary.skipped, "duplicates": summary.duplicates,
+                        "failed": summary.failed,
                         "blank": summary.blank, "files_written": summary.files_written,
                         "files_skipped": summary.files_skipped,
                         "seconds": round(summary.seconds, 3)},
@@ -1432,7 +1435,7 @@ class Exporter:
         if previous != identity:
             raise InputError(f"id {item.id!r} is used by another text in this input",
                              "give every JSONL line its own id")
-        self.summary.skipped += 1
+        self.summary.duplicates += 1
         self.progress.end_text(label, "skipped", f"the same text as before ({name})")
         return {"number": number, "origin": item.origin, "id": item.id, "text": text,
                 "pair": pair, "folder": name, "status": "duplicate", "files": []}

@@ -151,6 +151,9 @@ def _selection(capture: Capture, view: str, layer: int | None, head: int | None,
             picked = [_index(h, "head") for h in heads]
         else:
             picked = [_index(heads, "heads")]
+        if not picked:
+            raise UsageError("heads=[] selects no head",
+                             "leave heads out to show every head, or name some: heads=[0, 3]")
         chosen_heads = sorted({capture.heads[capture.head_position(h)] for h in picked})
     else:
         chosen_heads = list(capture.heads)

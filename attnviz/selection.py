@@ -23,8 +23,14 @@ def resolve_index(index: int, size: int, what: str) -> int:
         what: ``"layer"`` or ``"head"``, used in the message.
 
     Raises:
-        UsageError: the index is out of range; the message states the valid range.
+        UsageError: the index is not a whole number (a bool, a float, a string, ``None``), or is
+            out of range; the message states the valid range.
     """
+    import numbers
+
+    if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+        raise UsageError(f"{what} must be a whole number such as 3 or -1, not {index!r:.40}")
+    index = int(index)
     if -size <= index < size:
         return index % size
     plural = what if size == 1 else f"{what}s"

@@ -492,14 +492,18 @@ def _text_pairs(texts: Any) -> list[tuple[str, str | None]]:
                          "e.g. session.captures([\"The cat sat\", (\"A question\", "
                          "\"an answer\")])")
     pairs: list[tuple[str, str | None]] = []
-    for item in texts:
+    example = "e.g. \"The cat sat\" or (\"A question\", \"an answer\") or (\"A text\", None)"
+    for number, item in enumerate(texts):
         if isinstance(item, str):
             pairs.append((item, None))
         elif isinstance(item, (tuple, list)) and len(item) == 2:
+            if not isinstance(item[0], str) or not (item[1] is None or isinstance(item[1], str)):
+                raise UsageError(f"text {number} must be a (text, pair) of strings (pair may be "
+                                 f"None), not {item!r:.60}", example)
             pairs.append((item[0], item[1]))
         else:
             raise UsageError(f"each text must be a string or a (text, pair) tuple, not "
-                             f"{item!r:.60}", "e.g. \"The cat sat\" or (\"A question\", None)")
+                             f"{item!r:.60}", example)
     return pairs
 
 

@@ -322,3 +322,22 @@ def test_export_help_imports_nothing_heavy() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert result.stdout.strip() == "[]"
+
+
+def test_duplicates_are_counted_apart_from_skipped(invoke, tmp_path: Path) -> None:
+    """The summary's counts add up to the entries' statuses."""
+    inputs = tmp_path / "dup.txt"
+    inputs.write_text("Same text\nSame text\nOther text\n", encoding="utf-8")
+    out = tmp_path / "out"
+    result = invoke("export", "--input", inputs, *TOY, "--figures", "heads", "--jobs", "1",
+                    "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "(2 exported, 0 skipped, 0 failed, 1 duplicates)" in result.stdout
+    index = json.loads((out / "index.json").read_text("utf-8"))
+    statuses = [e["status"] for e in index["texts"]]
+    summary = index["summary"]
+    assert statuses == ["exported", "duplicate", "exported"]
+    assert (summary["exported"], summary["skipped"], summary["duplicates"]) == (2, 0, 1)
+    again = invoke("export", "--input", inputs, *TOY, "--figures", "heads", "--jobs", "1",
+                   "-o", out)
+    assert "(0 exported, 2 skipped, 0 failed, 1 duplicates)" in again.stdout

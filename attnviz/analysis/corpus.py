@@ -218,10 +218,16 @@ def capture_batches(spec: ModelSpec, texts: Sequence[CorpusText], *,
         UsageError: a selection fits no text of this model.
         ModelLoadError: the model cannot be loaded.
     """
+    import numbers
+
+    from attnviz.engine import MAX_BATCH_SIZE
     from attnviz.errors import UsageError
 
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
+            or not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise UsageError(f"the batch size (--batch-size, batch_size=) must be a whole number "
+                         f"from 1 to {MAX_BATCH_SIZE}, not {batch_size!r:.40}")
+    batch_size = int(batch_size)
     for start in range(0, len(texts), batch_size):
         chunk = texts[start:start + batch_size]
         results: list[Capture | InputError | None] = [None] * len(chunk)

@@ -226,6 +226,16 @@ def table_from_sums(sums: StatSums, induction: np.ndarray | None = None) -> list
             when given, every row also has an ``"induction"`` key.
     """
     means = sums.means()
+    if induction is not None:
+        induction = np.asarray(induction, dtype=np.float64)
+        expected = (len(sums.layers), len(sums.heads))
+        if induction.shape != expected:
+            from attnviz.errors import UsageError
+
+            raise UsageError(f"the induction scores have shape {induction.shape} but the "
+                             f"statistics cover {expected[0]} layers x {expected[1]} heads",
+                             "pass scores for exactly these layers and heads, e.g. "
+                             "InductionResult.for_capture(capture.layers, capture.heads)")
     rows: list[dict[str, object]] = []
     for li, layer in enumerate(sums.layers):
         for hi, head in enumerate(sums.heads):

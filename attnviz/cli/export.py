@@ -212,6 +212,7 @@ def _report(summary: ExportSummary) -> None:
     stdout.print(
         f"Exported to {summary.out_dir}: {summary.texts} texts "
         f"({summary.exported} exported, {summary.skipped} skipped, {summary.failed} failed"
+        + (f", {summary.duplicates} duplicates" if summary.duplicates else "")
         + (f", {summary.blank} blank lines" if summary.blank else "")
         + f"); {summary.files_written} files written, {summary.files_skipped} kept; "
         f"{summary.seconds:.1f} s. Index: {summary.out_dir / 'index.html'}"

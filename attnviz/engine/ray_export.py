@@ -140,6 +140,7 @@ class ExportWorker(WorkerBase):
 def _add_counts(total: ExportSummary, part: ExportSummary) -> None:
     total.exported += part.exported
     total.skipped += part.skipped
+    total.duplicates += part.duplicates
     total.files_written += part.files_written
     total.files_skipped += part.files_skipped
     for origin, message in part.failures:

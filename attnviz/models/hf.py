@@ -297,7 +297,9 @@ class HFSource:
                 f"({whose})",
                 f"shorten the text{', raise --max-tokens,' if 'max-tokens' in whose else ''} or "
                 f"pass --truncate to keep the first {limit} tokens")
-        return [f"{what} is {length} tokens long; kept the first {limit} tokens ({whose}), "
+        side = "last" if getattr(self.tokenizer, "truncation_side", "right") == "left" \
+            else "first"  # the tokenizer decides which end it cuts
+        return [f"{what} is {length} tokens long; kept the {side} {limit} tokens ({whose}), "
                 f"dropped {length - limit}"]
 
     def encode(self, text: str, pair: str | None, max_tokens: int | None,

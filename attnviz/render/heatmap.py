@@ -46,6 +46,7 @@ from attnviz.fileio import atomic_write  # noqa: E402
 
 ANNOT_MAX_TOKENS = 30  # past this, cell values are not written unless asked for (~1 ms per cell)
 DEFAULT_DPI = 100
+MIN_DPI, MAX_DPI = 20, 600  # the bounds of --dpi
 FORMATS = ("png", "svg", "pdf")
 
 # Colour scales. The default makes a typical head readable: most heads put 0.1-0.4 on their
@@ -993,6 +994,26 @@ class FigureOptions:
     queries: str | None = None
     keys: str | None = None
 
+    def __post_init__(self) -> None:
+        """Check what a Python caller may pass wrongly (the CLI's options are checked by it)."""
+        import numbers
+
+        from attnviz.errors import UsageError
+
+        if isinstance(self.dpi, bool) or not isinstance(self.dpi, numbers.Integral) \
+                or not MIN_DPI <= self.dpi <= MAX_DPI:
+            raise UsageError(f"dpi must be a whole number from {MIN_DPI} to {MAX_DPI}, not "
+                             f"{self.dpi!r:.40}")
+        for name in ("tokens", "queries", "keys"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise UsageError(f"{name} must be a window such as \"10:40\" or \"bank:loan\", "
+                                 f"not {type(value).__name__}")
+        for name in ("words", "exclude_special"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"{name} must be True or False, not "
+                                 f"{getattr(self, name)!r:.40}")
+
     def colour_scale(self) -> ColourScale:
         return ColourScale.of(self.scale, self.gamma, self.vmax)
 
@@ -1049,12 +1070,18 @@ def capture_head_figure(capture: Any, layer: int, head: int | str = "mean", *,
 
     options = options or FigureOptions()
     capture.layer_position(layer)  # validate on the raw capture: clear messages
+    if isinstance(head, str) and head != "mean":
+        from attnviz.errors import UsageError
+
+        raise UsageError(f"head must be a whole number such as 3 or -1, or \"mean\", not "
+                         f"{head!r:.40}")
     if head != "mean":
-        capture.head_position(int(head))
+        capture.head_position(head)
     shown = figure_view(capture, words=options.words, exclude_special=options.exclude_special,
                         tokens=options.tokens, queries=options.queries, keys=options.keys)
     view = shown.capture
-    matrix = view.mean_matrix(layer) if head == "mean" else view.matrix(layer, int(head))
+    matrix = (view.mean_matrix(layer) if isinstance(head, str)
+              else view.matrix(layer, head))
     return draw_head_artists(
         shown.crop(matrix), shown.row_labels, shown.col_labels,
         title=head_title(view, layer, head, shown.suffix), cmap=options.cmap,

@@ -82,14 +82,22 @@ def quantise(weights: np.ndarray, bits: int = DEFAULT_PRECISION) -> np.ndarray:
     """
     _check_precision(bits)
     top = (1 << bits) - 1
-    scaled = np.rint(np.clip(np.asarray(weights, dtype=np.float32), 0.0, 1.0) * top)
-    return scaled.astype(np.uint8 if bits == 8 else np.uint16)
+    weights = np.asarray(weights)
+    out = np.empty(weights.shape, dtype=np.uint8 if bits == 8 else np.uint16)
+    flat_in, flat_out = weights.reshape(-1), out.reshape(-1)
+    # In float64, a piece at a time: float32 products land on .5 exactly and round the wrong
+    # way (an error just past the documented 1/(2*(2**bits-1))).
+    step = 1 << 22
+    for start in range(0, flat_in.size, step):
+        piece = np.clip(flat_in[start:start + step].astype(np.float64), 0.0, 1.0)
+        flat_out[start:start + step] = np.rint(piece * top)
+    return out
 
 
 def dequantise(values: np.ndarray, bits: int) -> np.ndarray:
     """Inverse of :func:`quantise`: float32 weights ``q / (2**bits - 1)``."""
     _check_precision(bits)
-    return np.asarray(values, dtype=np.float32) / np.float32((1 << bits) - 1)
+    return (np.asarray(values, dtype=np.float64) / ((1 << bits) - 1)).astype(np.float32)
 
 
 def encode_weights(weights: np.ndarray, bits: int = DEFAULT_PRECISION, *,
