@@ -1323,7 +1323,7 @@ class Exporter:
         if same and not options.force and manifest is not None and manifest.get("complete") \
                 and all(_is_file(folder / f) for f in manifest.get("files", [])):
             self.summary.skipped += 1
-            self.summary.files_skipped += len(manifest.get("files", []))
+            self.summary.files_skipped += len(manifest.get("files", [])) + 1  # + export.json
             self.progress.end_text(label, "skipped", f"complete from an earlier run ({name})")
             self._pending.append(_Ready(self._entry(number, item, name, manifest, "skipped")))
             return

@@ -341,3 +341,7 @@ def test_duplicates_are_counted_apart_from_skipped(invoke, tmp_path: Path) -> No
     again = invoke("export", "--input", inputs, *TOY, "--figures", "heads", "--jobs", "1",
                    "-o", out)
     assert "(0 exported, 2 skipped, 0 failed, 1 duplicates)" in again.stdout
+    # Files are counted alike: what the first run wrote, the second one kept (export.json too).
+    written = json.loads((out / "index.json").read_text("utf-8"))["summary"]
+    first = int(result.stdout.split(" files written")[0].rsplit(" ", 1)[1])
+    assert written["files_skipped"] == first and written["files_written"] == 0

@@ -505,3 +505,23 @@ def test_jobs_default_follows_the_size_of_the_input() -> None:
     assert jobs_for([*texts[:2], ExportItem(blank=True), ExportItem(error="bad")], 16) == 1
     assert jobs_for(texts[:8], 2) == 2
     assert jobs_for(texts[:8], 16) == 4  # at least two texts per worker
+
+
+@pytest.mark.parametrize(("tokens", "x_label", "y_label"), [
+    (["Hi"], "key", "query"),
+    (["Hi", "there"], "key (attended to)", "query (attending)"),
+    ([f"w{i}" for i in range(12)], "key (attended to)", "query (attending)"),
+])
+def test_axis_labels_stay_clear_of_the_colour_bar(tokens: list[str], x_label: str,
+                                                  y_label: str) -> None:
+    """A one-token figure: the long axis names would run into the colour bar, so they shorten."""
+    artists = heatmap.capture_head_figure(make_capture(tokens, heads=1), 0, 0)
+    fig, ax = artists.fig, artists.ax
+    renderer = renderer_of(fig)
+    texts = {t.get_text(): t for t in ax.texts}
+    assert x_label in texts and y_label in texts
+    label_box = texts[x_label].get_window_extent(renderer)
+    bar_box = next(a for a in fig.axes if a is not ax).get_window_extent(renderer)
+    assert label_box.x1 < bar_box.x0
+    y_box = texts[y_label].get_window_extent(renderer)
+    assert 0 <= y_box.y0 and y_box.y1 <= artists.title.get_window_extent(renderer).y0

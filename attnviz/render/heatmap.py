@@ -704,6 +704,9 @@ def draw_head_artists(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[st
         _token_ticks(ax, list(rows), row_step, label_size, "y")
         ax.set_xlim(-0.5, num_key - 0.5)
         ax.set_ylim(num_query - 0.5, -0.5)
+        if layout is not None and layout.plot[2] + 2 * COLOURBAR_GAP_IN < text_width(
+                "; ".join([col_name, *col_notes]), AXIS_PT):
+            col_name = col_name.split(" ")[0]  # a narrow window: "key" clears the colour bar
         _axis_label(ax, "; ".join([col_name, *col_notes]), "x", list(cols)[::col_step],
                     label_size)
         if layout is not None and layout.plot[3] < text_width(row_name, AXIS_PT) + 0.2:
