@@ -544,6 +544,15 @@ def test_batch_commands_with_server(server_url: str, invoke: Any, tmp_path: Path
         np.testing.assert_array_equal(cap.weights, _local_toy(cap.text).weights)
 
 
+def test_an_api_address_pasted_whole_names_its_server(invoke: Any, server_url: str) -> None:
+    args = ("top-k", SENTENCE, "--model", "toy", "--layer", "0", "--head", "0", "-f", "csv")
+    local = invoke(*args, "--no-cache")
+    for url in (f"{server_url}/api/health", f"{server_url}/api/", f"{server_url}/"):
+        remote = invoke(*args, "--server", url)
+        assert remote.exit_code == 0, remote.output
+        assert remote.stdout == local.stdout
+
+
 def test_unreachable_or_wrong_server(invoke: Any, server_url: str) -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))

@@ -99,7 +99,9 @@ def parse_server_url(url: str) -> tuple[str, str | None]:
         raise UsageError(f"--server {_shown_url(text)!r} is not a valid address: port 0",
                          hint)
     token = dict(urllib.parse.parse_qsl(parts.query)).get("token") or None
-    base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+    # An API address pasted whole (http://host:port/api/health) names the same server.
+    path = re.sub(r"/api(/[^?#]*)?$", "", parts.path).rstrip("/")
+    base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
     return base, token
 
 
