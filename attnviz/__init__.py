@@ -63,10 +63,12 @@ def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
     switched to eager attention (and eval mode) for the call and restored afterwards. See
     :func:`attnviz.models.own.capture`.
     """
+    from attnviz.errors import python_names
     from attnviz.models.own import capture as capture_own
 
-    return capture_own(model, tokenizer, text, pair, layers=layers, heads=heads,
-                       max_tokens=max_tokens, truncate=truncate)
+    with python_names():
+        return capture_own(model, tokenizer, text, pair, layers=layers, heads=heads,
+                           max_tokens=max_tokens, truncate=truncate)
 
 
 def show(capture: Capture, view: str = "head", **options: Any) -> AttentionView:

@@ -7,6 +7,8 @@ Every error attnviz raises on purpose is an :class:`AttnvizError`. The CLI print
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 
 class AttnvizError(Exception):
     """Base class: a message that says what went wrong, and a hint that says what to do next."""
@@ -52,3 +54,67 @@ class NotAFileError(OutputError):
     """The output named is a device, a pipe or a socket (or a link to one): a usage error."""
 
     exit_code = 2
+
+
+# --------------------------------------------------------------------------- Python callers
+# The same errors reach Python callers (attnviz.capture_text, Session, attnviz.capture), who
+# pass keyword arguments rather than command-line options: their messages name those.
+_FLAG_NAMES = [  # (option, keyword); an option followed by a value becomes keyword=value
+    ("--max-tokens", "max_tokens"), ("--batch-size", "batch_size"), ("--layers", "layers"),
+    ("--heads", "heads"), ("--dtype", "dtype"), ("--device-map", "device_map"),
+    ("--device", "device"), ("--model", "model"), ("--revision", "revision"),
+    ("--toy-heads", "toy['heads']"), ("--toy-layers", "toy['layers']"),
+    ("--d-model", "toy['d_model']"), ("--seed", "toy['seed']"),
+]
+_KNOWN_VALUES = {"minilm", "toy", "auto", "cpu", "cuda", "mps", "float32", "float16",
+                 "bfloat16"}
+_FLAG_SWITCHES = [("--no-truncate", "truncate=False"), ("--truncate", "truncate=True"),
+                  ("--no-cache", "use_cache=False"), ("--float16", "float16=True"),
+                  ("--trust-remote-code", "trust_remote_code=True")]
+
+
+def _python_text(text: str) -> str:
+    import re
+
+    text = re.sub(r"attnviz dump \.\.\. ", "Session.dump(text, path, ...) with ", text)
+    text = re.sub(r"\battnviz [a-z][a-z-]* (?=[\"'])", "", text)  # e.g. attnviz heatmap "..."
+    for flag, keyword in _FLAG_SWITCHES:
+        text = re.sub(re.escape(flag) + r"(?![\w-])", keyword, text)
+    for flag, keyword in _FLAG_NAMES:
+        def name(match: re.Match[str], keyword: str = keyword) -> str:
+            value = match.group(1)
+            if value is None:
+                return keyword
+            if re.fullmatch(r"-?\d+", value):
+                return f"{keyword}={value}"
+            if value in _KNOWN_VALUES or re.search(r"[/.:\d]", value):
+                return f"{keyword}={value!r}"
+            return f"{keyword} {value}"  # a word of the sentence, not the option's value
+
+        text = re.sub(re.escape(flag) + r"(?![\w-])(?: ([\w./:-]+))?", name, text)
+    return text
+
+
+class python_names:  # noqa: N801 - used as a context manager, like contextlib's
+    """Rewrite the messages of attnviz errors raised in the block for a Python caller
+    (``--max-tokens 40`` -> ``max_tokens=40``)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        if isinstance(error, AttnvizError):
+            named_for_python(error)
+
+
+_Error = TypeVar("_Error", bound=AttnvizError)
+
+
+def named_for_python(error: _Error) -> _Error:
+    """``error`` with its message and hint in a Python caller's words (once; in place)."""
+    if not getattr(error, "_python_names", False):
+        error.message = _python_text(error.message)
+        error.hint = None if error.hint is None else _python_text(error.hint)
+        error.args = (error.message, *error.args[1:])
+        error._python_names = True  # type: ignore[attr-defined]
+    return error

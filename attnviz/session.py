@@ -19,10 +19,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attnviz.errors import AttnvizError, InputError, UsageError
 
@@ -157,6 +158,19 @@ def _resolve(source: AttentionSource, layers: str | None, heads: str | None
             parse_selection(heads, source.num_heads, "head") if heads else None)
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _for_callers(method: _Method) -> _Method:
+    """Run a public method with :meth:`Session._messages` (errors named for Python callers)."""
+    @functools.wraps(method)
+    def wrapper(self: Session, *args: Any, **kwargs: Any) -> Any:
+        with self._messages():
+            return method(self, *args, **kwargs)
+
+    return cast("_Method", wrapper)
+
+
 class Session:
     """Loaded models (kept warm), the capture cache and the text -> capture step.
 
@@ -166,6 +180,8 @@ class Session:
         warn: called with warnings (truncation, a cache that cannot be written); default: none.
         on_load: called with the model name before a model is loaded (e.g. to show a spinner);
             it may return a context manager that is held while loading.
+        python: errors name keyword arguments (``max_tokens=40``) rather than command-line
+            options (``--max-tokens 40``); the command line's own session sets it to False.
 
     Thread safety: one lock per model serialises forward passes on it (models are not
     re-entrant); one lock per model being loaded makes concurrent requests for it wait for a
@@ -174,7 +190,7 @@ class Session:
 
     def __init__(self, *, use_cache: bool = True, max_models: int = 2,
                  warn: Warn | None = None,
-                 on_load: Callable[[str], Any] | None = None) -> None:
+                 on_load: Callable[[str], Any] | None = None, python: bool = True) -> None:
         if isinstance(max_models, bool) or not isinstance(max_models, int) or max_models < 1:
             raise UsageError(f"max_models must be a whole number of at least 1, not "
                              f"{max_models!r:.40}")
@@ -182,6 +198,7 @@ class Session:
         self.max_models = max_models
         self.warn = warn
         self.on_load = on_load
+        self.python = python
         self.loads = 0  # models loaded by this session (tests and benchmarks count them)
         self.forwards = 0  # texts run through a model (cache misses)
         self._models: collections.OrderedDict[str, AttentionSource] = collections.OrderedDict()
@@ -190,7 +207,14 @@ class Session:
         self._lock = threading.RLock()
         self._cache_warned: set[str] = set()  # cache warnings are said once per session
 
+    def _messages(self) -> contextlib.AbstractContextManager[None]:
+        """Errors raised in the block speak to a Python caller unless this is the CLI's."""
+        from attnviz.errors import python_names
+
+        return python_names() if self.python else contextlib.nullcontext()
+
     # ------------------------------------------------------------------ models
+    @_for_callers
     def source(self, model: str | ModelSpec | None = None, **options: Any) -> AttentionSource:
         """The loaded model (from the warm set, or loaded now and kept)."""
         spec = make_spec(model, **options)
@@ -296,6 +320,7 @@ class Session:
             return ModelShape(source.num_layers, source.num_heads)
         return model_shape(spec)
 
+    @_for_callers
     def validate(self, model: str | ModelSpec | None = None, *, layers: Selection = None,
                  heads: Selection = None, layer: int | None = None, head: int | None = None,
                  **options: Any) -> None:
@@ -325,6 +350,7 @@ class Session:
             resolve_index(head, shape.num_heads, "head")
 
     # ------------------------------------------------------------------ captures
+    @_for_callers
     def capture(self, text: str, pair: str | None = None, *,
                 model: str | ModelSpec | None = None, layers: Selection = None,
                 heads: Selection = None, max_tokens: int | None = None,
@@ -359,6 +385,7 @@ class Session:
                          write_cache=write_cache, options=options, forward=forward,
                          from_cache=lambda hit: hit)
 
+    @_for_callers
     def dump(self, text: str, path: Path | str, pair: str | None = None, *,
              model: str | ModelSpec | None = None, layers: Selection = None,
              heads: Selection = None, max_tokens: int | None = None, truncate: bool = True,
@@ -442,6 +469,22 @@ class Session:
         Cached texts come from the cache; the others run ``batch_size`` at a time (see
         :func:`attnviz.analysis.corpus.capture_batches`).
         """
+        from attnviz.errors import named_for_python
+
+        with self._messages():
+            for item in self._captures(texts, model=model, batch_size=batch_size,
+                                       layers=layers, heads=heads, max_tokens=max_tokens,
+                                       truncate=truncate, use_cache=use_cache,
+                                       write_cache=write_cache, check=check):
+                yield named_for_python(item) if self.python and isinstance(
+                    item, InputError) else item
+
+    def _captures(self, texts: Sequence[tuple[str, str | None]], *,
+                  model: str | ModelSpec | None, batch_size: int, layers: Selection,
+                  heads: Selection, max_tokens: int | None, truncate: bool,
+                  use_cache: bool | None, write_cache: bool,
+                  check: Callable[[str, str | None], None] | None
+                  ) -> Iterator[Capture | InputError]:
         from attnviz.analysis.corpus import capture_batches
 
         spec = make_spec(model)

@@ -179,3 +179,32 @@ def test_the_quantised_report_weights_keep_their_bound() -> None:
         assert error.max() <= 1 / (2 * top)
         back = dequantise(quantise(weights, bits), bits)
         assert back.dtype == np.float32 and np.abs(back - weights).max() <= 1 / (2 * top) + 1e-7
+
+
+@pytest.mark.parametrize(("call", "python", "cli"), [
+    (lambda s: s.capture("a b c d e f", model="toy", max_tokens=3, truncate=False),
+     "pass max_tokens=6 to take it whole, or truncate=True", "pass --max-tokens 6"),
+    (lambda s: s.capture("a", model="toy", toy={"heads": 3, "d_model": 16}),
+     "toy['d_model']=16 is not divisible by toy['heads']=3", "--d-model 16"),
+    (lambda s: s.capture("   ", model="toy"), 'e.g. "The cat sat on the mat"', "attnviz heatmap"),
+    (lambda s: list(s.captures(["a b c d"], model="toy", max_tokens=2, truncate=False))[0],
+     None, None),
+])
+def test_errors_name_keywords_for_python_and_options_for_the_cli(
+        call: Any, python: str | None, cli: str | None, invoke: Any) -> None:
+    from attnviz.errors import AttnvizError
+
+    session = attnviz.Session(use_cache=False)
+    try:
+        result = call(session)
+    except AttnvizError as error:
+        assert python is not None and python in str(error), str(error)
+        assert "--" not in str(error)
+    else:  # captures() reports a bad text as an InputError item, in Python's words too
+        assert python is None and isinstance(result, AttnvizError)
+        assert "max_tokens=2" in str(result) and "--" not in str(result)
+        return
+    cli_session = attnviz.Session(use_cache=False, python=False)  # what the CLI runs
+    with pytest.raises(AttnvizError) as cli_error:
+        call(cli_session)
+    assert cli is not None and cli in str(cli_error.value)

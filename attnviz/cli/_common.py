@@ -459,11 +459,11 @@ def session() -> Session:
         if _SERVER is not None:
             from attnviz.server.client import RemoteSession
 
-            _SESSION = RemoteSession(_SERVER, warn=warn)
+            _SESSION = RemoteSession(_SERVER, warn=warn, python=False)
             return _SESSION
         from attnviz.session import Session
 
-        _SESSION = Session(warn=warn, on_load=lambda name: stderr.status(
+        _SESSION = Session(warn=warn, python=False, on_load=lambda name: stderr.status(
             f"Loading {name}...", spinner="dots"))
     return _SESSION
 

@@ -114,7 +114,7 @@ class ExportWorker(WorkerBase):
         self.options = dataclasses.replace(options, jobs=1, html=False)
         self.spec = spec
         self.max_tokens, self.truncate, self.use_cache = max_tokens, truncate, use_cache
-        self.session = Session(use_cache=use_cache, max_models=1)
+        self.session = Session(use_cache=use_cache, max_models=1, python=False)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         return result_rows([self.run(json.loads(str(work))) for work in batch["work"]])

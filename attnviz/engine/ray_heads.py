@@ -83,7 +83,8 @@ class HeadsWorker(WorkerBase):
         self.words, self.exclude_special = words, exclude_special
         self.batch_size = batch_size
         self.cache_notes: list[str] = []
-        self.session = Session(use_cache=use_cache, max_models=1, warn=self.cache_notes.append)
+        self.session = Session(use_cache=use_cache, max_models=1, warn=self.cache_notes.append,
+                               python=False)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         results = [self.run(int(start), json.loads(str(work)))
@@ -131,7 +132,7 @@ def _induction(spec: ModelSpec, view: Capture, cwd: str
 
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
-    session = Session(use_cache=False, max_models=1)
+    session = Session(use_cache=False, max_models=1, python=False)
     try:
         scores, info = measure_induction(lambda: session.source(spec), view, True)
     except AttnvizError as error:

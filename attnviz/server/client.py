@@ -164,8 +164,8 @@ class RemoteSession(Session):
     """
 
     def __init__(self, url: str, *, timeout: float = 300.0,
-                 warn: Callable[[str], None] | None = None) -> None:
-        super().__init__(use_cache=False, warn=warn)
+                 warn: Callable[[str], None] | None = None, python: bool = True) -> None:
+        super().__init__(use_cache=False, warn=warn, python=python)
         self.url, self.token = parse_server_url(url)
         self.timeout = timeout
         # The largest capture a server sends (2**25 float32 weights, base64) is ~180 MB.

@@ -318,7 +318,7 @@ class Engine:
             from attnviz.session import Session
 
             # Toy variants (causal, scale) are separate entries: leave room for them.
-            session = Session(use_cache=False, max_models=len(self.models) + 4)
+            session = Session(use_cache=False, max_models=len(self.models) + 4, python=False)
         self.session = session
         self.device = device
         self.dtype = dtype
