@@ -873,7 +873,8 @@ def _write_html(out: IO[str], header: dict[str, Any], entries: Iterable[dict[str
               "max-width:80em}figure{margin:1.5em 0;border-top:1px solid #ccc;"
               "padding-top:1em}img{max-width:100%;height:auto}.failed{color:#b00}"
               "code{background:#f4f4f4}</style></head><body>\n<h1>attnviz export</h1>\n")
-    out.write(f"<p>Last run: {escape(str(summary.get('texts', 0)))} texts: "
+    texts = summary.get("texts", 0)
+    out.write(f"<p>Last run: {escape(str(texts))} text{'' if texts == 1 else 's'}: "
               f"{escape(str(summary.get('exported', 0)))} exported, "
               f"{escape(str(summary.get('skipped', 0)))} skipped, "
               f"{escape(str(summary.get('duplicates', 0)))} duplicates, "

@@ -47,6 +47,7 @@ def parse_int(text: str, what: str) -> int:
     except ValueError:
         raise UsageError(
             f"invalid {what} {text!r}: expected an integer such as 0, 5 or -1"
+            + (", or 'mean'" if what == "head" else "")
         ) from None
 
 

@@ -184,7 +184,7 @@ def test_export_ray_equals_local(invoke, local_ray, export_input: Path, local_ex
     result = invoke("export", "--input", export_input, "-o", out, *TOY, *EXPORT,
                     "--engine", "ray", "--workers", "2")
     assert result.exit_code == 1, result.output  # one bad line: exit code 1, as local
-    assert "19 exported, 1 skipped, 1 failed" in result.stdout, result.output
+    assert "19 exported, 0 skipped, 1 failed, 1 duplicates" in result.stdout, result.output
     assert "line 15" in result.stderr and "not valid JSON" in result.stderr
     _assert_same_export(local_export, out)
     assert _index(out)["summary"] == _index(local_export)["summary"]
@@ -192,7 +192,7 @@ def test_export_ray_equals_local(invoke, local_ray, export_input: Path, local_ex
     again = invoke("export", "--input", export_input, "-o", out, *TOY, *EXPORT,
                    "--engine", "ray", "--workers", "2")  # resume: everything is complete
     assert again.exit_code == 1, again.output
-    assert "0 exported, 20 skipped, 1 failed" in again.stdout
+    assert "0 exported, 19 skipped, 1 failed, 1 duplicates" in again.stdout
     _assert_same_export(local_export, out)
 
 
@@ -211,7 +211,8 @@ def test_export_ray_worker_killed_mid_run(invoke, local_ray, export_input: Path,
     _assert_same_export(local_export, out)
     summary = _index(out)["summary"]
     assert summary["texts"] == 21 and summary["failed"] == 1
-    assert summary["exported"] + summary["skipped"] == 20  # finished by the dead worker: skipped
+    assert summary["duplicates"] == 1
+    assert summary["exported"] + summary["skipped"] == 19  # finished by the dead worker: skipped
     for entry in _index(out)["texts"]:
         if entry["status"] in ("exported", "skipped"):
             manifest = json.loads((out / entry["folder"] / "export.json").read_text("utf-8"))

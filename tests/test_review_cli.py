@@ -182,3 +182,79 @@ def test_gamma_with_a_scale_that_has_no_exponent_is_a_usage_error(invoke, tmp_pa
     power = invoke("heatmap", "the cat sat", "--model", "toy", "-l", "0", "--head", "0",
                    "--gamma", "0.3", "-o", tmp_path / "z.png")
     assert power.exit_code == 0, power.output
+
+
+# --------------------------------------------------------------------------- second new-user pass
+def _error(result, code: int) -> str:
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.exit_code == code, output
+    assert "Traceback" not in output
+    return output
+
+
+def test_explain_suggests_only_options_it_has(invoke) -> None:
+    output = _error(invoke("explain", "The cat sat", "-t", "dog"), 2)
+    assert "no token 'dog'" in output and "--words" not in output
+    rollout = _error(invoke("rollout", "The cat sat", *TOY, "--token", "dog"), 2)
+    assert "use --words" in rollout  # rollout has --words
+
+
+def test_a_misspelt_head_names_mean(invoke) -> None:
+    output = _error(invoke("top-k", "The cat sat", *TOY, "-l", "0", "--head", "meen"), 2)
+    assert "expected an integer such as 0, 5 or -1, or 'mean'" in output
+
+
+def test_dump_refuses_a_file_ending_it_would_make_a_folder_of(invoke, tmp_path: Path) -> None:
+    for name in ("x.txt", "out.npz"):
+        output = _error(invoke("dump", "The cat sat", *TOY, "-o", tmp_path / name), 2)
+        assert "a capture is written as a folder" in output
+        assert not (tmp_path / name).exists()
+    assert invoke("dump", "The cat sat", *TOY, "-o", tmp_path / "run.v2").exit_code == 0
+    assert (tmp_path / "run.v2" / "attention.npy").is_file()  # other dotted names: a folder
+
+
+def test_toy_options_with_another_model_are_reported(invoke, cli_minilm, tmp_path: Path) -> None:
+    result = invoke("top-k", "The cat sat", "-l", "0", "--head", "0", "--toy-heads", "4",
+                    "--seed", "3")
+    output = _error(result, 0)
+    assert "--toy-heads, --seed only apply to --model toy; ignored for minilm" in output
+    quiet = invoke("top-k", "The cat sat", *TOY, "-l", "0", "--head", "0", "--toy-heads", "4")
+    assert quiet.exit_code == 0 and "ignored" not in quiet.stderr
+
+
+def test_counts_read_as_english(invoke, tmp_path: Path) -> None:
+    result = invoke("export", "The cat sat", *TOY, "--figures", "overview", "--jobs", "1",
+                    "-o", tmp_path / "out")
+    assert result.exit_code == 0 and ": 1 text (1 exported" in result.stdout
+    assert "Last run: 1 text:" in (tmp_path / "out" / "index.html").read_text("utf-8")
+    dumped = invoke("dump", "a b", *TOY, "-o", tmp_path / "a")
+    assert dumped.exit_code == 0
+    once = _error(invoke("compare", "--from", tmp_path / "a", "--layer", "0"), 2)
+    assert "--from was given once; compare needs it twice (A then B)" in once
+
+
+def test_a_misspelt_built_in_model_is_suggested(invoke) -> None:
+    output = _error(invoke("top-k", "a b", "--model", "tooy", "-l", "0", "--head", "0"), 1)
+    assert "did you mean --model toy?" in output
+
+
+def test_rollout_start_layer_is_named(invoke) -> None:
+    output = _error(invoke("rollout", "The cat sat", *TOY, "--start-layer", "10"), 2)
+    assert output.startswith("Error: --start-layer: layer 10 is out of range")
+
+
+def test_heatmap_help_examples_run_as_written(invoke, cli_minilm, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every example line of heatmap --help, in order, in an empty folder (dump makes long/)."""
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    text = invoke("heatmap", "--help").stdout
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    examples = [line.strip("│ ").strip() for line in lines
+                if line.strip("│ ").startswith("attnviz ")]
+    assert any("--from long/" in e for e in examples)
+    assert invoke("dump", "The cat sat on the mat", "-o", "cat/").exit_code == 0
+    for example in examples:
+        result = invoke(*shlex.split(example)[1:])
+        assert result.exit_code == 0, (example, result.output)

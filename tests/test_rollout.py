@@ -149,7 +149,7 @@ def test_rollout_cli_causal_warning(invoke, tmp_path):
 @pytest.mark.parametrize(("args", "fragment"), [
     (["--token", "dog"], "no token 'dog'"),
     (["--token", "99"], "out of range"),
-    (["--token", "the:3"], "occurs 2 time(s)"),
+    (["--token", "the:3"], "occurs 2 times"),
     (["--head-fusion", "median"], "median"),
     (["-o", "x.gif"], "image format"),
     (["--npy", "m.txt"], "must end in .npy"),

@@ -78,7 +78,7 @@ def explain_head(text: str, token: str, layer: int = 0, head: int = 0,
     config = config or ToyConfig()
     source = ToySource(config, device="cpu")
     trace = trace_head(source, text, layer, head)
-    query = find_token(trace.tokens, token)
+    query = find_token(trace.tokens, token, words_option=False)  # explain has no --words
     weights = trace.weights[query]
     visible = np.isfinite(trace.masked[query])
     # The other choice of scaling, for the saturation note: same Q and K, other divisor.

@@ -88,7 +88,10 @@ def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0) -
     """
     from attnviz.selection import resolve_index
 
-    start = resolve_index(start_layer, capture.num_layers, "layer")
+    try:
+        start = resolve_index(start_layer, capture.num_layers, "layer")
+    except UsageError as error:  # name the option: "layer 10" alone reads like --layer
+        raise UsageError(f"--start-layer: {error.message}", error.hint) from None
     top = max(capture.layers)
     if start > top:
         raise UsageError(f"--start-layer {start_layer} is above the last layer in the capture "

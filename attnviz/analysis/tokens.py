@@ -116,8 +116,10 @@ def is_position(text: str) -> bool:
     return _POSITION.fullmatch(text.strip()) is not None
 
 
-def find_token(display_tokens: list[str], spec: str) -> int:
+def find_token(display_tokens: list[str], spec: str, *, words_option: bool = True) -> int:
     """Position of the token a user named with ``--token``.
+
+    ``words_option``: the command has ``--words`` (the message then suggests it).
 
     ``spec`` is a token as shown (case-insensitive; its first occurrence), ``WORD:N`` for the
     N-th occurrence (1-based), or a position such as ``0``, ``5`` or ``-1``. A token that reads
@@ -147,9 +149,11 @@ def find_token(display_tokens: list[str], spec: str) -> int:
     if not matches:
         raise UsageError(f"no token {word!r} in the input",
                          f"the tokens are: {shown}. The tokenizer may split a word into pieces: "
-                         "name one piece, a position, or use --words")
+                         + ("name one piece, a position, or use --words" if words_option
+                            else "name one piece or a position"))
     if not 1 <= occurrence <= len(matches):
-        raise UsageError(f"token {word!r} occurs {len(matches)} time(s), not {occurrence}",
+        times = "once" if len(matches) == 1 else f"{len(matches)} times"
+        raise UsageError(f"token {word!r} occurs {times}, not {occurrence}",
                          f"use {word}:1 to {word}:{len(matches)}")
     return matches[occurrence - 1]
 

@@ -197,6 +197,26 @@ class CaptureRequest:
         # --server (or $ATTNVIZ_SERVER) applies to the whole command: the CLI session becomes a
         # client of that server, so every capture the command asks for comes from there.
         use_server(self.server)
+        self._check_toy_options()
+
+    def _check_toy_options(self) -> None:
+        """Toy-model options given with another model do nothing: say so (once)."""
+        from attnviz.models import TOY_MODEL
+
+        if self.from_path is not None or self.model_name == TOY_MODEL:
+            return
+        given = [flag for flag, value, default in (
+            ("--toy-heads", self.toy_heads, 2), ("--toy-layers", self.toy_layers, 1),
+            ("--d-model", self.d_model, 16), ("--causal", self.causal, False),
+            ("--seed", self.seed, 0), ("--no-scale", self.no_scale, False)) if value != default]
+        verb = "applies" if len(given) == 1 else "apply"
+        message = (f"{', '.join(given)} only {verb} to --model toy; ignored for "
+                   f"{self.model_name}")
+        if given and message not in _WARNED:
+            from rich.markup import escape
+
+            _WARNED.add(message)
+            warn(escape(message))
 
     @property
     def model_name(self) -> str:
@@ -439,6 +459,7 @@ def validate_request(request: CaptureRequest) -> None:
 
 
 _SESSION: Session | None = None
+_WARNED: set[str] = set()  # warnings said once per process
 _SERVER: str | None = None  # --server: the CLI session is a client of that attnviz serve
 
 

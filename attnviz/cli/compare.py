@@ -293,7 +293,8 @@ def compare_command(
     paths = list(from_paths or [])
     if paths:
         if len(paths) != 2:
-            raise UsageError(f"--from was given {len(paths)} time(s); compare needs it twice",
+            given = {1: "once", 3: "three times"}.get(len(paths), f"{len(paths)} times")
+            raise UsageError(f"--from was given {given}; compare needs it twice (A then B)",
                              "example: attnviz compare --from a/ --from b/")
         if text_a is not None or text_b is not None:
             raise UsageError("give two --from captures or texts, not both")

@@ -74,6 +74,12 @@ def _default_name(capture: Capture, what: str) -> Path:
     return Path(f"attention_{slug}_{digest}_{what}.png")
 
 
+#: -o endings of files a capture is not (the user meant a file; dump would make a folder).
+_NOT_A_CAPTURE = {".txt", ".csv", ".tsv", ".npz", ".pt", ".pth", ".pkl", ".pickle", ".h5",
+                  ".hdf5", ".png", ".svg", ".pdf", ".jpg", ".jpeg", ".html", ".md", ".zip",
+                  ".safetensors", ".bin", ".parquet"}
+
+
 def _parse_head(head: str | None) -> int | str | None:
     if head is None:
         return None
@@ -130,7 +136,9 @@ def heatmap(
 
       attnviz heatmap "The cat sat on the mat" --layer -1 --head mean -o mean.svg
 
-      attnviz heatmap --from long/ --layer 2 --head 3 --tokens 40:80 --vmax 1
+      attnviz dump "A long text: a paragraph, a page or more" -o long/
+
+      attnviz heatmap --from long/ --layer 2 --head 3 --tokens 2:8 --vmax 1
 
       attnviz heatmap --from cat/ --layer 0
     """
@@ -326,6 +334,11 @@ def dump(
     from attnviz.stream import write_capture
 
     validate_request(request)
+    if out.suffix.lower() in _NOT_A_CAPTURE and not out.exists():
+        raise UsageError(f"-o {out}: a capture is written as a folder (attention.npy and "
+                         f"capture.json) or as NAME.npy beside NAME.json, not as "
+                         f"a {out.suffix} file", f"use -o {out.with_suffix('')}/ or -o "
+                         f"{out.with_suffix('.npy')}")
     if request.from_path is not None:
         capture = obtain_capture(request, layers=layers, heads=heads, mmap=True)
         path = write_capture(capture, out, float16=float16)

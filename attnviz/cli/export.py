@@ -210,7 +210,7 @@ def _progress(total: int | None) -> ExportProgress:
 
 def _report(summary: ExportSummary) -> None:
     stdout.print(
-        f"Exported to {summary.out_dir}: {summary.texts} texts "
+        f"Exported to {summary.out_dir}: {summary.texts} text{'' if summary.texts == 1 else 's'} "
         f"({summary.exported} exported, {summary.skipped} skipped, {summary.failed} failed"
         + (f", {summary.duplicates} duplicates" if summary.duplicates else "")
         + (f", {summary.blank} blank lines" if summary.blank else "")
@@ -305,7 +305,8 @@ def export(
 
     Each text gets a folder (a slug of the text plus a hash, or the JSONL id):
     heads/L00_H00.png ..., layers/L00.png ..., overview.png, attention.npy,
-    capture.json and topk.csv. OUT_DIR/index.json and index.html list them all;
+    capture.json, topk.csv and export.json (what was written, "complete" once done).
+    OUT_DIR/index.json and index.html list them all;
     with --html, OUT_DIR/report.html shows every text interactively.
 
     Files are written atomically; run the same command again to finish an

@@ -128,7 +128,12 @@ def rollout_command(
     if npy is not None and npy.suffix.lower() != ".npy":
         raise UsageError(f"--npy {npy} must end in .npy")
     check_distinct_outputs(out=out, bar=bar)  # before any work; the defaults again below
-    check_indices(request, layer=start_layer)  # from the model's config, before loading it
+    try:
+        check_indices(request, layer=start_layer)  # from the model's config, before loading it
+    except UsageError as error:
+        if not error.message.startswith("layer "):
+            raise
+        raise UsageError(f"--start-layer: {error.message}", error.hint) from None
     from attnviz.analysis.rollout import rollout_view, save_matrix
     from attnviz.render import analysis as figures
     from attnviz.render.heatmap import check_cmap, save_figure

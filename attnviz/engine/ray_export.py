@@ -219,6 +219,7 @@ def _export_items_ray(items: Iterable[ExportItem], out_dir: Path | str,
     driver = Exporter(out_path, options, spec=spec, max_tokens=max_tokens, truncate=truncate,
                       use_cache=use_cache, progress=progress)
     summary = driver.summary
+    summary.out_dir = Path(out_dir)  # as the user gave it, as a local export reports it
     settled: dict[int, dict[str, Any]] = {}
     work: list[list[Any]] = []
     number = 0

@@ -66,11 +66,15 @@ def _friendly_load_error(name: str, exc: BaseException, is_local: bool) -> Model
             "the folder needs config.json, tokenizer files and weights "
             "(model.safetensors or pytorch_model.bin) that match the config",
         )
+    import difflib
+
     offline = not _hub_reachable()
+    close = difflib.get_close_matches(name.lower(), ["minilm", "toy"], n=1, cutoff=0.6)
     return ModelLoadError(
         f"cannot load model {name!r}: it is not a local folder and could not be fetched from the "
         f"Hugging Face Hub{' (the Hub cannot be reached: offline?)' if offline else ''} ({text})",
-        "check the spelling and your network, pass a local model folder, or use the bundled "
+        (f"did you mean --model {close[0]}? " if close else "")
+        + "check the spelling and your network, pass a local model folder, or use the bundled "
         "model with --model minilm",
     )
 
