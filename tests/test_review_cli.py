@@ -258,3 +258,26 @@ def test_heatmap_help_examples_run_as_written(invoke, cli_minilm, tmp_path: Path
     for example in examples:
         result = invoke(*shlex.split(example)[1:])
         assert result.exit_code == 0, (example, result.output)
+
+
+def test_default_names_keep_views_apart(invoke, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three views of one head, and compare at two layers: no figure replaces another."""
+    monkeypatch.chdir(tmp_path)
+    args = ("heatmap", "The cat sat on the mat", *TOY, "--toy-layers", "2", "--layer", "1",
+            "--head", "mean")
+    names = []
+    for extra in ((), ("--exclude-special",), ("--tokens", "1:4"), ("--tokens", "-3:"),
+                  ("--words", "--queries", "cat")):
+        result = invoke(*args, *extra)
+        assert result.exit_code == 0, result.output
+        names.append(result.stdout.strip())
+    assert len(set(names)) == len(names), names
+    assert names[2].endswith("_L1_mean_t1-4.png") and names[3].endswith("_L1_mean_tm3.png")
+    compared = set()
+    for layer in ("0", "1"):
+        result = invoke("compare", "The cat sat", "The dog sat", *TOY, "--toy-layers", "2",
+                        "-l", layer, "-f", "json")
+        assert result.exit_code == 0, result.output
+        compared.add(json.loads(result.stdout)["image"])
+    assert len(compared) == 2 and all(Path(p).is_file() for p in compared)

@@ -49,6 +49,23 @@ def check_distinct_outputs(**paths: Path | None) -> None:
         seen[key] = flag
 
 
+def view_suffix(*, words: bool = False, exclude_special: bool = False,
+                tokens: str | None = None, queries: str | None = None,
+                keys: str | None = None) -> str:
+    """The part of a derived file name that says which view a figure shows (``_words``,
+    ``_nospecial``, ``_t10-40``): figures of one text with other views never share a name."""
+    from attnviz.fileio import slugify
+
+    parts = ["words"] if words else []
+    if exclude_special:
+        parts.append("nospecial")
+    for letter, window in (("t", tokens), ("q", queries), ("k", keys)):
+        if window:
+            parts.append(letter + (slugify(window.replace("-", "m").replace(":", "-"), 20)
+                                   or "window"))
+    return "".join(f"_{part}" for part in parts)
+
+
 def print_wide(table: Any) -> None:
     """Print a table at its natural width (wider than the console rather than truncated)."""
     from rich.measure import Measurement

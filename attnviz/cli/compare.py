@@ -26,6 +26,7 @@ from attnviz.cli._analysis_common import (
     capture_text,
     check_image_path,
     print_wide,
+    view_suffix,
 )
 from attnviz.cli._common import (
     INPUT_PANEL,
@@ -354,7 +355,10 @@ def compare_command(
 
         digest = short_hash(cap_a.text, cap_b.text, cap_a.model, cap_b.model,
                             str(cap_a.causal), str(cap_b.causal), length=6)
-        out = Path(f"compare_{slugify(cap_a.text, 24)}_{digest}.png")
+        shown = f"L{layer}_{'mean' if head_choice == 'mean' else f'H{head_choice}'}"
+        shown += view_suffix(words=words, exclude_special=exclude_special, tokens=tokens,
+                             queries=queries, keys=keys)
+        out = Path(f"compare_{slugify(cap_a.text, 24)}_{digest}_{shown}.png")
     path = save_figure(fig, out, dpi=dpi)
     if comparison.note:  # what was paired with what: on standard error, beside the image
         stderr.print(f"Note: {escape(comparison.note)}", markup=True, highlight=False)

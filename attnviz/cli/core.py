@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from attnviz.cli import app
+from attnviz.cli._analysis_common import view_suffix
 from attnviz.cli._common import (
     OUTPUT_PANEL,
     VIEW_PANEL,
@@ -180,6 +181,8 @@ def heatmap(
     else:
         fig = render.capture_grid_figure(capture, None, options=options)
         what = "overview"
+    what += view_suffix(words=words, exclude_special=exclude_special, tokens=tokens,
+                        queries=queries, keys=keys)
     path = render.save_figure(fig, out or _default_name(capture, what), dpi=dpi)
     stdout.print(str(path))
 
