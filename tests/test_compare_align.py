@@ -147,3 +147,39 @@ def test_cli_windows_zoom_both_sides(invoke, tmp_path: Path) -> None:
     bad = invoke("compare", "The cat sat", "The dog sat", "--model", "toy", "--keys", "zebra",
                  "-o", tmp_path / "bad.png")
     assert bad.exit_code == 2 and "no token 'zebra'" in bad.stderr
+
+
+def test_compare_figure_reads_cleanly(invoke, cli_minilm, tmp_path) -> None:
+    """Bold changed tokens clear the axis name; no '-0.00' cells; the title names the mean."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from attnviz.analysis.compare import compare_captures
+    from attnviz.render import analysis as figures
+
+    a = cli_minilm.capture("The cat sat on the mat")
+    b = cli_minilm.capture("The dog sat on the mat")
+    comparison = compare_captures(a, b, 2, "mean")
+    assert comparison.title.startswith("Compare: layer 2, mean of the heads")
+    result = invoke("compare", "The cat sat on the mat", "The dog sat on the mat", "-l", "2",
+                    "-o", tmp_path / "c.png")
+    assert result.exit_code == 0, result.output
+    from attnviz.cli.compare import _panels
+
+    panel_a, panel_b, panel_d, _, _ = _panels(comparison, ("A", "B"), None, None, None)
+    fig = figures.draw_comparison(panel_a, panel_b, titles=("A", "B"), title=comparison.title,
+                                  diff=panel_d, annot=True)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    checked = 0
+    for ax in fig.axes:
+        names = [t for t in ax.texts if t.get_text().startswith("key (attended to)")]
+        ticks = [t for t in ax.texts if t.get_rotation() == 90 and t.get_text()
+                 and not t.get_text().startswith(("key (", "query ("))]
+        if not names:
+            continue
+        assert ticks, ax.get_title()
+        checked += 1
+        bottom = min(t.get_window_extent(renderer).y0 for t in ticks)
+        assert names[0].get_window_extent(renderer).y1 <= bottom - 2, ax.get_title()  # a gap
+    assert checked == 3
+    cells = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert "-0.00" not in cells and "0.00" in cells

@@ -266,9 +266,13 @@ class Comparison:
     def where(self) -> str:
         """The layer and head shown, e.g. ``"layer 0, head 3"`` (each side's when they differ)."""
         a, b = self.a, self.b
+
+        def head(side: Side) -> str:
+            return "mean of the heads" if side.head == "mean" else f"head {side.head}"
+
         if b.layer != a.layer or b.head != a.head:
-            return f"A layer {a.layer}, head {a.head}; B layer {b.layer}, head {b.head}"
-        return f"layer {a.layer}, head {a.head}"
+            return f"A layer {a.layer}, {head(a)}; B layer {b.layer}, {head(b)}"
+        return f"layer {a.layer}, {head(a)}"
 
     @property
     def title(self) -> str:

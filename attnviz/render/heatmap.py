@@ -616,7 +616,10 @@ def _annotate(ax: Axes, matrix: np.ndarray, bins: np.ndarray, table: ColourTable
     texts = []
     for (i, j), value in np.ndenumerate(matrix):
         light = bool(table.light_text[bins[i, j]])
-        texts.append(ax.text(j, i, f"{value:.{digits}f}", ha="center", va="center",
+        shown = f"{value:.{digits}f}"
+        if shown.startswith("-") and float(shown) == 0:
+            shown = shown[1:]  # a tiny negative difference reads "0.00", not "-0.00"
+        texts.append(ax.text(j, i, shown, ha="center", va="center",
                              fontsize=size, color="white" if light else "black",
                              parse_math=False))
     return texts
