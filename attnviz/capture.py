@@ -587,13 +587,6 @@ def _stack_attentions(attentions: Any, batch_index: int) -> tuple[np.ndarray, in
     return np.stack([np.asarray(a, dtype=np.float32) for a in layers]), rows
 
 
-def _vocabulary_size(tokenizer: Any) -> int | None:
-    """How many ids the tokenizer knows (with added tokens), or ``None`` if it cannot say."""
-    with contextlib.suppress(Exception):
-        return int(len(tokenizer))
-    return None
-
-
 def _token_row(tokens: Any, batch_index: int, tokenizer: Any) -> list[str]:
     """One row of tokens as strings (ids are converted with the tokenizer)."""
     example = "e.g. tokenizer.convert_ids_to_tokens(inputs['input_ids'][0])"
@@ -615,17 +608,20 @@ def _token_row(tokens: Any, batch_index: int, tokenizer: Any) -> list[str]:
             raise UsageError("tokens are ids: pass tokenizer= to turn them into tokens",
                              "or pass tokenizer.convert_ids_to_tokens(ids)")
         ids = [int(i) for i in items]
-        size = _vocabulary_size(tokenizer)
-        unknown = next((i for i in ids if i < 0 or (size is not None and i >= size)), None)
-        if unknown is not None:
-            known = f" (0..{size - 1})" if size is not None else ""
-            raise UsageError(f"token id {unknown} is not in the tokenizer's vocabulary{known}",
-                             "pass the input ids the model ran on")
+        negative = next((i for i in ids if i < 0), None)
+        if negative is not None:
+            raise UsageError(f"token id {negative} is not in the tokenizer's vocabulary "
+                             "(ids are 0 or more)", "pass the input ids the model ran on")
         try:
             items = list(tokenizer.convert_ids_to_tokens(ids))
         except (OverflowError, ValueError, IndexError, TypeError) as exc:
             raise UsageError(f"the tokenizer cannot turn these ids into tokens ({exc})",
                              "pass the input ids the model ran on") from None
+        # A vocabulary may have gaps (len(tokenizer) is no bound): ask the tokenizer itself.
+        unknown = next((i for i, t in zip(ids, items) if not isinstance(t, str)), None)
+        if unknown is not None:
+            raise UsageError(f"token id {unknown} is not in the tokenizer's vocabulary",
+                             "pass the input ids the model ran on")
     if not all(isinstance(t, str) for t in items):
         raise UsageError("tokens must all be strings (or all token ids with tokenizer=)",
                          example)

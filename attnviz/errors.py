@@ -59,27 +59,40 @@ class NotAFileError(OutputError):
 # --------------------------------------------------------------------------- Python callers
 # The same errors reach Python callers (attnviz.capture_text, Session, attnviz.capture), who
 # pass keyword arguments rather than command-line options: their messages name those.
-_FLAG_NAMES = [  # (option, keyword); an option followed by a value becomes keyword=value
+_FLAG_NAMES = [  # (option, keyword); an option followed by its value becomes keyword=value
     ("--max-tokens", "max_tokens"), ("--batch-size", "batch_size"), ("--layers", "layers"),
     ("--heads", "heads"), ("--dtype", "dtype"), ("--device-map", "device_map"),
     ("--device", "device"), ("--model", "model"), ("--revision", "revision"),
     ("--toy-heads", "toy['heads']"), ("--toy-layers", "toy['layers']"),
     ("--d-model", "toy['d_model']"), ("--seed", "toy['seed']"),
 ]
-_KNOWN_VALUES = {"minilm", "toy", "auto", "cpu", "cuda", "mps", "float32", "float16",
-                 "bfloat16"}
+#: Values taken as an option's own (beside numbers): anything else after an option is a word of
+#: the sentence, or a name (a model folder, a revision) that is left as it is.
+_KNOWN_VALUES = {"minilm", "toy", "auto", "cpu", "cuda", "mps", "float32", "float16", "bfloat16"}
 _FLAG_SWITCHES = [("--no-truncate", "truncate=False"), ("--truncate", "truncate=True"),
                   ("--no-cache", "use_cache=False"), ("--float16", "float16=True"),
-                  ("--trust-remote-code", "trust_remote_code=True")]
+                  ("--trust-remote-code", "trust_remote_code=True"),
+                  ("--server", "a RemoteSession")]
+_QUOTED = r"('[^'\n]*'|\"[^\"\n]*\")"  # the user's own text, shown quoted: never rewritten
 
 
 def _python_text(text: str) -> str:
     import re
 
+    pieces = re.split(_QUOTED, text)
+    return "".join(piece if number % 2 else _python_words(piece)
+                   for number, piece in enumerate(pieces))
+
+
+def _python_words(text: str) -> str:
+    """:func:`_python_text` of a stretch outside quotes."""
+    import re
+
     text = re.sub(r"attnviz dump \.\.\. ", "Session.dump(text, path, ...) with ", text)
-    text = re.sub(r"\battnviz [a-z][a-z-]* (?=[\"'])", "", text)  # e.g. attnviz heatmap "..."
+    text = re.sub(r"\battnviz [a-z][a-z-]* $", "", text)  # before a quoted example
+    before = r"(?<![\w/.'\"-])"  # an option stands alone: not inside a path or a word
     for flag, keyword in _FLAG_SWITCHES:
-        text = re.sub(re.escape(flag) + r"(?![\w-])", keyword, text)
+        text = re.sub(before + re.escape(flag) + r"(?![\w-])", keyword, text)
     for flag, keyword in _FLAG_NAMES:
         def name(match: re.Match[str], keyword: str = keyword) -> str:
             value = match.group(1)
@@ -87,11 +100,12 @@ def _python_text(text: str) -> str:
                 return keyword
             if re.fullmatch(r"-?\d+", value):
                 return f"{keyword}={value}"
-            if value in _KNOWN_VALUES or re.search(r"[/.:\d]", value):
+            if value in _KNOWN_VALUES:
                 return f"{keyword}={value!r}"
-            return f"{keyword} {value}"  # a word of the sentence, not the option's value
+            return f"{keyword} {value}"  # a word of the sentence, or a name as it is
 
-        text = re.sub(re.escape(flag) + r"(?![\w-])(?: ([\w./:-]+))?", name, text)
+        text = re.sub(before + re.escape(flag) + r"(?![\w-])(?: ([A-Za-z0-9_-]+)(?![\w/.]))?",
+                      name, text)
     return text
 
 

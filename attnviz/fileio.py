@@ -494,10 +494,13 @@ def _check_replaceable(folder: _Folder, name: str, existing: os.stat_result,
             return  # a dangling or looping link: replaced, never followed
         kind = _special_kind(pointed.st_mode)
         what = f"{target} is a link to {kind}"
-        if kind is None and leads.startswith(("/proc/", "/dev/")):
+        in_dev = os.path.realpath(folder.path) == "/dev"
+        if kind is None and (in_dev or leads.startswith(("/proc/", "/dev/fd/", "/dev/std"))):
             # /dev/stdout and friends: standard output redirected to a file is still not a
             # file to replace (that would replace the system's link)
             kind, what = "a stream", f"{target} is a link to {leads}"
+    if kind is None and os.path.realpath(folder.path).startswith("/proc/"):
+        kind, what = "a stream", f"{target} is a process's file descriptor"  # /proc/self/fd/1
     if kind is not None:
         raise NotAFileError(f"cannot write {target}: {what}, not a regular file (attnviz "
                             "writes a new file and renames it into place)",
@@ -603,8 +606,8 @@ def signals_held() -> Iterator[None]:
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if threading.current_thread() is not threading.main_thread() or _wakeup_fd_in_use():
+        yield  # an event loop's wakeup descriptor would see the signal twice: leave it be
         return
     received: list[int] = []
 
@@ -620,8 +623,31 @@ def signals_held() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        for signum in dict.fromkeys(received):
-            signal.raise_signal(signum)
+        _deliver(list(dict.fromkeys(received)))
+
+
+def _deliver(signals: list[int]) -> None:
+    """Raise each held signal again, in order; a handler that raises does not drop the rest."""
+    import signal
+
+    if signals:
+        try:
+            signal.raise_signal(signals[0])
+        finally:
+            _deliver(signals[1:])
+
+
+def _wakeup_fd_in_use() -> bool:
+    """Whether an event loop (asyncio) listens for signals on a wakeup descriptor."""
+    import signal
+
+    try:
+        fd = signal.set_wakeup_fd(-1)
+    except (ValueError, OSError):
+        return False
+    if fd != -1:
+        signal.set_wakeup_fd(fd)
+    return fd != -1
 
 
 class FolderLock:

@@ -306,6 +306,7 @@ class Session:
             return self._model_locks.setdefault(spec_key(spec), threading.Lock())
 
     # ------------------------------------------------------------------ shapes
+    @_for_callers
     def shape(self, model: str | ModelSpec | None = None, **options: Any) -> ModelShape | None:
         """Layers and heads of a model: from the warm model, else read from its config file.
 

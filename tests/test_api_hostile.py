@@ -80,18 +80,23 @@ def test_from_attentions_keeps_to_what_load_capture_accepts(options: dict[str, A
 
 
 def test_token_ids_outside_the_vocabulary() -> None:
-    class Tokenizer:
+    class Tokenizer:  # ids 0..3 and 40: a vocabulary with a gap, as a WordLevel one may have
+        vocab = {0: "[UNK]", 1: "a", 2: "b", 3: "c", 40: "d"}
+
         def __len__(self) -> int:
-            return 10
+            return len(self.vocab)
 
-        def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
-            return [f"t{i}" for i in ids]
+        def convert_ids_to_tokens(self, ids: list[int]) -> list[str | None]:
+            if any(i > 2**63 for i in ids):
+                raise OverflowError("int too big to convert")
+            return [self.vocab.get(i) for i in ids]
 
-    for ids in ([-5, 1, 2], [1, 2, 10**9]):
-        with pytest.raises(UsageError, match="is not in the tokenizer's vocabulary .0..9."):
+    for ids, fragment in (([-5, 1, 2], "token id -5 is not in"), ([1, 2, 7], "token id 7 is"),
+                          ([1, 2, 10**30], "cannot turn these ids into tokens")):
+        with pytest.raises(UsageError, match=fragment):
             Capture.from_attentions(UNIFORM, ids, tokenizer=Tokenizer())
-    assert Capture.from_attentions(UNIFORM, [1, 2, 3], tokenizer=Tokenizer()).tokens == [
-        "t1", "t2", "t3"]
+    assert Capture.from_attentions(UNIFORM, [1, 2, 40], tokenizer=Tokenizer()).tokens == [
+        "a", "b", "d"]
 
 
 @pytest.mark.parametrize(("call", "fragment"), [
@@ -208,3 +213,30 @@ def test_errors_name_keywords_for_python_and_options_for_the_cli(
     with pytest.raises(AttnvizError) as cli_error:
         call(cli_session)
     assert cli is not None and cli in str(cli_error.value)
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    ("cannot write /tmp/--model/x.png", "cannot write /tmp/--model/x.png"),
+    ("not ('python train.py --model bert --layers 3', 1)",
+     "not ('python train.py --model bert --layers 3', 1)"),
+    ("--model /tmp/My Models/bert is a folder", "model /tmp/My Models/bert is a folder"),
+    ("did you mean --model toy?", "did you mean model='toy'?"),
+    ("use --dtype bfloat16, or --device-map auto", "use dtype='bfloat16', or device_map='auto'"),
+    ("pass --max-tokens 6 or --truncate", "pass max_tokens=6 or truncate=True"),
+    ('give a sentence, e.g. attnviz heatmap "The cat sat"', 'give a sentence, e.g. "The cat sat"'),
+])
+def test_python_wording_leaves_paths_and_quoted_text_alone(message: str, expected: str) -> None:
+    from attnviz.errors import _python_text
+
+    assert _python_text(message) == expected
+
+
+def test_remote_session_speaks_python_too() -> None:
+    from attnviz.server.client import RemoteSession
+
+    with pytest.raises(UsageError) as error:
+        RemoteSession("http://127.0.0.1:9").capture("x", model="toy", revision="main")
+    assert "--" not in str(error.value) and "revision" in str(error.value)
+    with pytest.raises(UsageError) as shaped:
+        attnviz.Session().shape("toy", toy={"heads": 3})
+    assert "toy['heads']=3" in str(shaped.value)

@@ -492,3 +492,25 @@ def test_a_device_pipe_or_stream_link_is_never_replaced(invoke, tmp_path: Path, 
 
         assert stat.S_ISFIFO(target.lstat().st_mode)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="Linux /proc")
+@pytest.mark.parametrize("target", ["/proc/self/fd/1", "/dev/fd/1"])
+def test_a_process_descriptor_as_output_is_a_usage_error(invoke, target: str) -> None:
+    output = _clean(invoke("top-k", "a b", *TOY, "-l", "0", "--head", "0", "-o", target), 2)
+    assert "file descriptor, not a regular file" in output
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
+def test_a_link_to_a_regular_file_under_dev_shm_is_replaced(invoke, tmp_path: Path) -> None:
+    """Only streams are refused: a link to an ordinary file is replaced, wherever it points."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        elsewhere = Path(shm) / "f.csv"
+        elsewhere.write_text("mine")
+        link = tmp_path / "out.csv"
+        link.symlink_to(elsewhere)
+        _clean(invoke("heads", "a b", *TOY, "-f", "csv", "-o", link), 0)
+        assert not link.is_symlink() and link.read_text().startswith("layer,head")
+        assert elsewhere.read_text() == "mine"

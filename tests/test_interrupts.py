@@ -110,3 +110,44 @@ def test_a_signal_between_manifest_and_index_entry(
     manifest = json.loads((out / listed[0]["folder"] / "export.json").read_text("utf-8"))
     assert manifest["complete"] is True
     assert [p for p in out.rglob("*") if p.name.endswith((".tmp", ".lock"))] == []
+
+
+def test_two_held_signals_are_both_delivered(sigterm_raises: None) -> None:
+    """The first handler raising does not drop the second signal."""
+    seen: list[str] = []
+
+    def interrupted(signum: int, frame: object) -> None:
+        seen.append("int")
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            with fileio.signals_held():
+                _signal_self()
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+        assert seen == ["int"]
+        assert isinstance(caught.value.__context__, Stop)  # SIGTERM's handler ran first
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_an_event_loops_wakeup_descriptor_is_left_alone() -> None:
+    """With asyncio listening (a wakeup fd), holding would make it see the signal twice."""
+    import asyncio
+
+    calls: list[int] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, lambda: calls.append(1))
+        try:
+            with fileio.signals_held():
+                _signal_self()
+            await asyncio.sleep(0.2)
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    asyncio.run(main())
+    assert calls == [1]

@@ -273,7 +273,7 @@ def test_default_names_keep_views_apart(invoke, tmp_path: Path,
         assert result.exit_code == 0, result.output
         names.append(result.stdout.strip())
     assert len(set(names)) == len(names), names
-    assert names[2].endswith("_L1_mean_t1-4.png") and names[3].endswith("_L1_mean_tm3.png")
+    assert names[2].endswith("_L1_mean_t1-4.png") and names[3].endswith("_L1_mean_tm3-end.png")
     compared = set()
     for layer in ("0", "1"):
         result = invoke("compare", "The cat sat", "The dog sat", *TOY, "--toy-layers", "2",

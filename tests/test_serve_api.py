@@ -472,8 +472,10 @@ def test_remote_session_equals_a_local_capture(server_url: str, minilm: Any) -> 
                                    model="toy"))
     assert isinstance(results[1], InputError)
     np.testing.assert_array_equal(results[2].weights, _local_toy("A dog").weights)
+    with pytest.raises(Exception, match="dtype='float16' cannot be used with a RemoteSession"):
+        remote.capture(SENTENCE, dtype="float16")  # a Python caller's words
     with pytest.raises(Exception, match="--dtype float16 cannot be used with --server"):
-        remote.capture(SENTENCE, dtype="float16")
+        RemoteSession(server_url, python=False).capture(SENTENCE, dtype="float16")  # the CLI's
 
 
 def test_cli_with_server_equals_local(server_url: str, invoke: Any, cli_minilm: Any,

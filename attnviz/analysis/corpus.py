@@ -225,7 +225,7 @@ def capture_batches(spec: ModelSpec, texts: Sequence[CorpusText], *,
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
             or not 1 <= batch_size <= MAX_BATCH_SIZE:
-        raise UsageError(f"the batch size (--batch-size, batch_size=) must be a whole number "
+        raise UsageError(f"the batch size (--batch-size) must be a whole number "
                          f"from 1 to {MAX_BATCH_SIZE}, not {batch_size!r:.40}")
     batch_size = int(batch_size)
     for start in range(0, len(texts), batch_size):

@@ -54,15 +54,28 @@ def view_suffix(*, words: bool = False, exclude_special: bool = False,
                 keys: str | None = None) -> str:
     """The part of a derived file name that says which view a figure shows (``_words``,
     ``_nospecial``, ``_t10-40``): figures of one text with other views never share a name."""
-    from attnviz.fileio import slugify
+    import re
+
+    from attnviz.fileio import short_hash
 
     parts = ["words"] if words else []
     if exclude_special:
         parts.append("nospecial")
     for letter, window in (("t", tokens), ("q", queries), ("k", keys)):
-        if window:
-            parts.append(letter + (slugify(window.replace("-", "m").replace(":", "-"), 20)
-                                   or "window"))
+        if not window:
+            continue
+        text = window.strip()
+        start, colon, end = text.partition(":")
+
+        def named(part: str, empty: str) -> str:  # -3 -> m3: a sign, not a separator
+            part = part.strip()
+            return empty if not part else "m" + part[1:] if part.startswith("-") else part
+
+        shown = (f"{named(start, 'start')}-{named(end, 'end')}" if colon
+                 else "at" + named(text, ""))
+        if not re.fullmatch(r"[A-Za-z0-9-]{1,24}", shown):  # token texts: keep them apart
+            shown = "w" + short_hash(text, length=6)
+        parts.append(letter + shown.lower())
     return "".join(f"_{part}" for part in parts)
 
 

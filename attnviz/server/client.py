@@ -33,11 +33,13 @@ from attnviz.errors import (
     ModelLoadError,
     OutputError,
     UsageError,
+    named_for_python,
 )
 from attnviz.session import (
     Selection,
     Session,
     _checked_request,
+    _for_callers,
     _text_pairs,
     make_spec,
     spec_key,
@@ -260,6 +262,7 @@ class RemoteSession(Session):
         return {"model": spec.name,
                 "toy": dataclasses.asdict(spec.toy) if spec.toy is not None else None}
 
+    @_for_callers
     def source(self, model: str | ModelSpec | None = None, **options: Any) -> RemoteSource:
         """The model on the server (loaded there if it is not warm yet)."""
         spec = self._spec(model, **options)
@@ -269,6 +272,7 @@ class RemoteSession(Session):
             self._sources[key] = RemoteSource(self, spec, info)
         return self._sources[key]
 
+    @_for_callers
     def shape(self, model: str | ModelSpec | None = None, **options: Any) -> ModelShape | None:
         """Layers and heads of the model on the server (so indices are checked up front)."""
         from attnviz.models import ModelShape
@@ -284,6 +288,7 @@ class RemoteSession(Session):
         self._sources.clear()
 
     # ------------------------------------------------------------------ captures
+    @_for_callers
     def capture(self, text: str, pair: str | None = None, *,
                 model: str | ModelSpec | None = None, layers: Selection = None,
                 heads: Selection = None, max_tokens: int | None = None,
@@ -303,6 +308,7 @@ class RemoteSession(Session):
         self.forwards += 1
         return capture_from_payload(payload)
 
+    @_for_callers
     def dump(self, text: str, path: Path | str, pair: str | None = None, *,
              model: str | ModelSpec | None = None, layers: Selection = None,
              heads: Selection = None, max_tokens: int | None = None, truncate: bool = True,
@@ -324,14 +330,15 @@ class RemoteSession(Session):
                  ) -> Iterator[Capture | InputError]:
         """One capture or :class:`InputError` per ``(text, pair)``, in order (one request each;
         the server runs one forward at a time per model)."""
-        for text, pair in _text_pairs(texts):
-            try:
-                if check is not None:
-                    check(text, pair)
-                yield self.capture(text, pair, model=model, layers=layers, heads=heads,
-                                   max_tokens=max_tokens, truncate=truncate)
-            except InputError as error:
-                yield error
+        with self._messages():  # errors in a Python caller's words (see Session)
+            for text, pair in _text_pairs(texts):
+                try:
+                    if check is not None:
+                        check(text, pair)
+                    yield self.capture(text, pair, model=model, layers=layers, heads=heads,
+                                       max_tokens=max_tokens, truncate=truncate)
+                except InputError as error:
+                    yield named_for_python(error) if self.python else error
 
 
 class RemoteSource:
