@@ -173,6 +173,13 @@ class Capture:
         block = np.asarray(self.weights[self.layer_position(layer)], dtype=np.float32)
         return block.mean(axis=0)
 
+    @property
+    def mean_label(self) -> str:
+        """How :meth:`mean_matrix` is named in titles: ``mean of all heads`` or ``mean of heads
+        0, 2`` (a capture holding some of the heads)."""
+        return ("mean of all heads" if len(self.heads) == self.num_heads
+                else f"mean of heads {format_indices(self.heads)}")
+
     def select(self, layers: Sequence[int] | None = None,
                heads: Sequence[int] | None = None) -> Capture:
         """A new capture holding only the given model layers and heads (absolute indices)."""

@@ -486,6 +486,7 @@ def _check_replaceable(folder: _Folder, name: str, existing: os.stat_result,
     writing "to" one would put a regular file in its place."""
     kind = _special_kind(existing.st_mode)
     what = f"{target} is {kind}"
+    home = os.path.realpath(folder.path)  # the folder the target is in, links resolved
     if kind is None and stat.S_ISLNK(existing.st_mode):
         try:
             leads = os.readlink(folder.at(name), dir_fd=folder.fd)
@@ -494,12 +495,12 @@ def _check_replaceable(folder: _Folder, name: str, existing: os.stat_result,
             return  # a dangling or looping link: replaced, never followed
         kind = _special_kind(pointed.st_mode)
         what = f"{target} is a link to {kind}"
-        in_dev = os.path.realpath(folder.path) == "/dev"
-        if kind is None and (in_dev or leads.startswith(("/proc/", "/dev/fd/", "/dev/std"))):
+        if kind is None and (home == "/dev" or leads.startswith(("/proc/", "/dev/fd/",
+                                                                  "/dev/std"))):
             # /dev/stdout and friends: standard output redirected to a file is still not a
             # file to replace (that would replace the system's link)
             kind, what = "a stream", f"{target} is a link to {leads}"
-    if kind is None and os.path.realpath(folder.path).startswith("/proc/"):
+    if kind is None and home.startswith("/proc/"):
         kind, what = "a stream", f"{target} is a process's file descriptor"  # /proc/self/fd/1
     if kind is not None:
         raise NotAFileError(f"cannot write {target}: {what}, not a regular file (attnviz "

@@ -107,6 +107,25 @@ def invoke(runner: CliRunner) -> Callable[..., object]:
     return run
 
 
+@pytest.fixture()
+def forbid_loading(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[str]]:
+    """Call it to make any model load from then on fail the test; returns the list of the
+    names that were tried (a test asserts it stays empty)."""
+    import attnviz.models as models
+
+    def forbid() -> list[str]:
+        tried: list[str] = []
+
+        def load(spec=None):  # type: ignore[no-untyped-def]
+            tried.append(getattr(spec, "name", str(spec)))
+            raise AssertionError(f"the model {tried[-1]} was loaded")
+
+        monkeypatch.setattr(models, "load_source", load)
+        return tried
+
+    return forbid
+
+
 def _reuse_minilm(patch: pytest.MonkeyPatch, minilm) -> None:
     """Make float32 loads of MiniLM return the session's MiniLM instead of loading it again."""
     import attnviz.models as models

@@ -70,22 +70,9 @@ def test_token_choice_with_odd_numbers_is_a_usage_error(invoke, tmp_path: Path) 
                 assert "no token" in result.output
 
 
-def _forbid_loading(monkeypatch) -> list[str]:
-    import attnviz.models as models
-
-    tried: list[str] = []
-
-    def load(spec=None):
-        tried.append(getattr(spec, "name", str(spec)))
-        raise AssertionError(f"the model {tried[-1]} was loaded")
-
-    monkeypatch.setattr(models, "load_source", load)
-    return tried
-
-
-def test_export_checks_layers_and_heads_before_loading(invoke, monkeypatch, tmp_path) -> None:
+def test_export_checks_layers_and_heads_before_loading(invoke, forbid_loading, tmp_path) -> None:
     """export --layers 9 on a 6-layer model: said at once, from the config, not after loading."""
-    tried = _forbid_loading(monkeypatch)
+    tried = forbid_loading()
     for option, value, what in (("--layers", "0,3", "layer 3"), ("--heads", "5", "head 5")):
         for model in (("--model", "toy"), ()):  # the toy's options; MiniLM's config.json
             if not model:
@@ -99,8 +86,8 @@ def test_export_checks_layers_and_heads_before_loading(invoke, monkeypatch, tmp_
     assert tried == []
 
 
-def test_compare_checks_layer_and_head_before_loading(invoke, monkeypatch, tmp_path) -> None:
-    tried = _forbid_loading(monkeypatch)
+def test_compare_checks_layer_and_head_before_loading(invoke, forbid_loading, tmp_path) -> None:
+    tried = forbid_loading()
     for args, what in ((("-l", "9"), "layer 9"), (("-l", "0", "--head", "20"), "head 20"),
                        (("--model-b", "toy", "-l", "-7"), "layer -7")):
         result = invoke("compare", "one new text", "another new text", *args,

@@ -29,18 +29,6 @@ TEXT = "The cat sat on the mat"
 TOY = ("--model", "toy")
 
 
-def _forbid_loading(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Make any model load fail the test; returns the list of names that were tried."""
-    tried: list[str] = []
-
-    def load(spec=None):
-        tried.append(getattr(spec, "name", str(spec)))
-        raise AssertionError(f"the model {tried[-1]} was loaded")
-
-    monkeypatch.setattr(models, "load_source", load)
-    return tried
-
-
 def _count_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     loaded: list[str] = []
     real = models.load_source
@@ -54,12 +42,13 @@ def _count_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 # --------------------------------------------------------------------------- the capture cache
-def test_second_dump_of_the_same_text_does_not_load_the_model(invoke, tmp_path, monkeypatch):
+def test_second_dump_of_the_same_text_does_not_load_the_model(invoke, forbid_loading, tmp_path,
+                                                              monkeypatch):
     loaded = _count_loads(monkeypatch)
     first = invoke("dump", TEXT, *TOY, "-o", tmp_path / "first")
     assert first.exit_code == 0, first.output
     assert loaded == ["toy"]
-    tried = _forbid_loading(monkeypatch)
+    tried = forbid_loading()
     second = invoke("dump", TEXT, *TOY, "-o", tmp_path / "second")
     assert second.exit_code == 0, second.output
     assert tried == []
@@ -84,13 +73,14 @@ def test_dump_no_cache_does_load_the_model(invoke, tmp_path, monkeypatch):
     assert loaded == ["toy"]
 
 
-def test_every_capturing_command_reads_the_cache(invoke, tmp_path, monkeypatch):
+def test_every_capturing_command_reads_the_cache(invoke, forbid_loading, tmp_path,
+                                                 monkeypatch):
     other = "A dog barked at the moon"
     for text in (TEXT, other):
         assert invoke("dump", text, *TOY, "-o", tmp_path / text[:5]).exit_code == 0
     corpus = tmp_path / "texts.txt"
     corpus.write_text(f"{TEXT}\n{other}\n", encoding="utf-8")
-    tried = _forbid_loading(monkeypatch)
+    tried = forbid_loading()
     commands = {
         "heatmap": ["heatmap", TEXT, *TOY, "--layer", "0", "--head", "1",
                     "-o", tmp_path / "h.png"],
@@ -120,10 +110,10 @@ def test_every_capturing_command_reads_the_cache(invoke, tmp_path, monkeypatch):
     (["rollout", TEXT, "--start-layer", "6"], "layer 6 is out of range"),
     (["html", TEXT, "--layers", "6"], "layer 6 is out of range"),
 ])
-def test_layer_and_head_ranges_are_checked_before_loading(invoke, monkeypatch, tmp_path, args,
-                                                          message):
+def test_layer_and_head_ranges_are_checked_before_loading(invoke, forbid_loading, monkeypatch,
+                                                          tmp_path, args, message):
     monkeypatch.chdir(tmp_path)
-    tried = _forbid_loading(monkeypatch)
+    tried = forbid_loading()
     result = invoke(*args, input="The cat sat on the mat\n")
     assert result.exit_code == 2, result.output
     assert message in result.stderr
@@ -132,8 +122,8 @@ def test_layer_and_head_ranges_are_checked_before_loading(invoke, monkeypatch, t
     assert not list(tmp_path.iterdir())
 
 
-def test_toy_ranges_come_from_the_toy_options(invoke, monkeypatch):
-    tried = _forbid_loading(monkeypatch)
+def test_toy_ranges_come_from_the_toy_options(invoke, forbid_loading):
+    tried = forbid_loading()
     result = invoke("heatmap", TEXT, *TOY, "--toy-layers", "2", "--layer", "2")
     assert result.exit_code == 2
     assert "this model has 2 layers" in result.stderr and tried == []

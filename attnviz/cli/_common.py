@@ -9,6 +9,7 @@ import functools
 import inspect
 import os
 import sys
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -205,10 +206,8 @@ class CaptureRequest:
 
         if self.from_path is not None or self.model_name == TOY_MODEL:
             return
-        given = [flag for flag, value, default in (
-            ("--toy-heads", self.toy_heads, 2), ("--toy-layers", self.toy_layers, 1),
-            ("--d-model", self.d_model, 16), ("--causal", self.causal, False),
-            ("--seed", self.seed, 0), ("--no-scale", self.no_scale, False)) if value != default]
+        given = [flag for name, flag, default in _toy_options()
+                 if getattr(self, name) != default]
         verb = "applies" if len(given) == 1 else "apply"
         message = (f"{', '.join(given)} only {verb} to --model toy; ignored for "
                    f"{self.model_name}")
@@ -282,6 +281,17 @@ _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
     ("seed", SeedOpt, 0),
     ("no_scale", NoScaleOpt, False),
 ]
+
+
+def _toy_options() -> list[tuple[str, str, Any]]:
+    """``(field, option, default)`` of the toy-model options, from their declarations."""
+    found = []
+    for name, annotation, default in _CAPTURE_PARAMS:
+        option = typing.get_args(annotation)[1]
+        if getattr(option, "rich_help_panel", None) == TOY_PANEL:
+            # In Annotated[...], typer keeps the first name as the option's "default".
+            found.append((name, (option.param_decls or (option.default,))[0], default))
+    return found
 
 
 def capture_options(func: F) -> F:

@@ -55,12 +55,6 @@ def _head_title(capture: Capture, layer: int, head: str, notes: list[str]) -> st
     return f"{capture.model}: layer {layer}, {named}{extra}"
 
 
-def _indices(indices: list[int]) -> str:
-    from attnviz.capture import format_indices
-
-    return format_indices(indices)
-
-
 def _notes(capture: Capture) -> list[str]:
     from attnviz.analysis.tokens import view_notes
 
@@ -264,8 +258,7 @@ def top_k_command(
     k = min(k, view.num_tokens)  # past the number of keys, -k means every key
     shown_layer = resolve_index(layer, view.num_layers, "layer")
     if head_choice == "mean":
-        head_label = ("mean of all heads" if len(view.heads) == view.num_heads
-                      else f"mean of heads {_indices(view.heads)}")
+        head_label = view.mean_label
     else:
         head_label = str(resolve_index(int(head_choice or 0), view.num_heads, "head"))
     rows = _topk_rows(view, layer, head_choice if head_choice == "mean" else int(head_choice or 0),

@@ -1030,10 +1030,7 @@ def head_label(capture: Any, head: int | str) -> str:
         from attnviz.selection import resolve_index
 
         return str(resolve_index(int(head), capture.num_heads, "head"))
-    from attnviz.capture import format_indices
-
-    return ("mean of all heads" if len(capture.heads) == capture.num_heads
-            else f"mean of heads {format_indices(capture.heads)}")
+    return str(capture.mean_label)
 
 
 def head_title(capture: Any, layer: int, head: int | str, suffix: str = "") -> str:

@@ -33,7 +33,6 @@ from attnviz.errors import (
     ModelLoadError,
     OutputError,
     UsageError,
-    named_for_python,
 )
 from attnviz.session import (
     Selection,
@@ -321,24 +320,22 @@ class RemoteSession(Session):
                                max_tokens=max_tokens, truncate=truncate, **options)
         return write_capture(capture, path, float16=float16), capture
 
-    def captures(self, texts: Sequence[tuple[str, str | None]], *,
-                 model: str | ModelSpec | None = None, batch_size: int = 8,
-                 layers: Selection = None, heads: Selection = None,
-                 max_tokens: int | None = None, truncate: bool = True,
-                 use_cache: bool | None = None, write_cache: bool = True,
-                 check: Callable[[str, str | None], None] | None = None
-                 ) -> Iterator[Capture | InputError]:
-        """One capture or :class:`InputError` per ``(text, pair)``, in order (one request each;
-        the server runs one forward at a time per model)."""
-        with self._messages():  # errors in a Python caller's words (see Session)
-            for text, pair in _text_pairs(texts):
-                try:
-                    if check is not None:
-                        check(text, pair)
-                    yield self.capture(text, pair, model=model, layers=layers, heads=heads,
-                                       max_tokens=max_tokens, truncate=truncate)
-                except InputError as error:
-                    yield named_for_python(error) if self.python else error
+    def _captures(self, texts: Sequence[tuple[str, str | None]], *,
+                  model: str | ModelSpec | None, batch_size: int, layers: Selection,
+                  heads: Selection, max_tokens: int | None, truncate: bool,
+                  use_cache: bool | None, write_cache: bool,
+                  check: Callable[[str, str | None], None] | None
+                  ) -> Iterator[Capture | InputError]:
+        """:meth:`Session.captures` over the server: one request per ``(text, pair)``, in
+        order (the server runs one forward at a time per model)."""
+        for text, pair in _text_pairs(texts):
+            try:
+                if check is not None:
+                    check(text, pair)
+                yield self.capture(text, pair, model=model, layers=layers, heads=heads,
+                                   max_tokens=max_tokens, truncate=truncate)
+            except InputError as error:
+                yield error
 
 
 class RemoteSource:

@@ -639,11 +639,8 @@ def topk_payload(capture: Capture, params: TopkParams) -> dict[str, Any]:
     view = token_view(capture, words=params.words, exclude_special=params.exclude_special)
     layer = resolve_index(params.layer, view.num_layers, "layer")
     if chosen == "mean":
-        from attnviz.capture import format_indices
-
         matrix, label = view.mean_matrix(params.layer), "mean"
-        what = ("mean of all heads" if len(view.heads) == view.num_heads
-                else f"mean of heads {format_indices(view.heads)}")  # as the CLI's title
+        what = view.mean_label  # as the CLI's title
     elif isinstance(chosen, list):
         heads = sorted({resolve_index(h, view.num_heads, "head") for h in chosen})
         matrix = np.mean([view.matrix(params.layer, h) for h in heads], axis=0)
