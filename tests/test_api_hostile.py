@@ -240,3 +240,4 @@ def test_remote_session_speaks_python_too() -> None:
     with pytest.raises(UsageError) as shaped:
         attnviz.Session().shape("toy", toy={"heads": 3})
     assert "toy['heads']=3" in str(shaped.value)
+
