@@ -56,8 +56,7 @@ class ModelSpec:
     max_memory: dict[int | str, int | str] | None = None  # per-device budget for device_map
 
 
-# Accepted values of device_map (Accelerate's strategies).
-DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+from attnviz.models._torch import DEVICE_MAPS  # noqa: E402 - re-exported where it always was
 
 
 def check_spec(spec: ModelSpec) -> None:

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 DTYPES = ("float32", "float16", "bfloat16")
 DTYPE_NAMES = (*DTYPES, "fp32", "fp16", "bf16")  # what --dtype accepts
+# Accepted values of device_map (Accelerate's strategies).
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 def resolve_device(name: str = "auto") -> torch.device:

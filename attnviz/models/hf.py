@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import shutil
 import tempfile
 import weakref
@@ -24,7 +23,8 @@ import torch
 
 from attnviz.capture import Capture, clean_token, guess_word_ids
 from attnviz.errors import InputError, ModelLoadError, UsageError
-from attnviz.models import DEVICE_MAPS
+from attnviz.models._loading import _friendly_load_error, _hub_reachable, _quiet_logger, _size
+from attnviz.models._torch import DEVICE_MAPS
 
 BUNDLED_NAME = "minilm"
 
@@ -54,29 +54,6 @@ def bundled_model_path() -> Path:
 def _weights_fingerprint(folder: Path) -> list[list[object]]:
     files = sorted(p for p in folder.glob("*") if p.suffix in (".safetensors", ".bin", ".pt"))
     return [[p.name, p.stat().st_size, int(p.stat().st_mtime)] for p in files]
-
-
-def _friendly_load_error(name: str, exc: BaseException, is_local: bool) -> ModelLoadError:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if len(text) > 300:
-        text = text[:300] + "..."
-    if is_local:
-        return ModelLoadError(
-            f"cannot load the model in folder {name}: {text}",
-            "the folder needs config.json, tokenizer files and weights "
-            "(model.safetensors or pytorch_model.bin) that match the config",
-        )
-    import difflib
-
-    offline = not _hub_reachable()
-    close = difflib.get_close_matches(name.lower(), ["minilm", "toy"], n=1, cutoff=0.6)
-    return ModelLoadError(
-        f"cannot load model {name!r}: it is not a local folder and could not be fetched from the "
-        f"Hugging Face Hub{' (the Hub cannot be reached: offline?)' if offline else ''} ({text})",
-        (f"did you mean --model {close[0]}? " if close else "")
-        + "check the spelling and your network, pass a local model folder, or use the bundled "
-        "model with --model minilm",
-    )
 
 
 class HFSource:
@@ -740,20 +717,6 @@ def _input_device(model: Any) -> torch.device:
     return torch.device("cpu")
 
 
-@contextlib.contextmanager
-def _quiet_logger(name: str) -> Iterator[None]:
-    """Silence a standard-library logger below ERROR for the duration of the block."""
-    import logging
-
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def _parameters_of(function: Callable[..., Any]) -> set[str]:
     try:
         return set(inspect.signature(function).parameters)
@@ -761,36 +724,9 @@ def _parameters_of(function: Callable[..., Any]) -> set[str]:
         return set()
 
 
-def _size(nbytes: int) -> str:
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
-        value /= 1024
-    return f"{value:.1f} GiB"  # pragma: no cover
-
-
 _TOKEN_TYPE_MODELS = {"bert", "albert", "electra", "xlnet", "funnel", "layoutlm", "mobilebert",
                       "squeezebert", "ernie", "nezha", "roc_bert", "megatron-bert", "big_bird",
                       "convbert", "rembert", "splinter", "canine", "mpnet", "deberta", "deberta-v2"}
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face Hub answers at all (False in offline mode)."""
-    import socket
-    from urllib.parse import urlparse
-
-    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
-        return False
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    parsed = urlparse(endpoint)
-    host = parsed.hostname or "huggingface.co"
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def _first_attr(obj: object, names: tuple[str, ...], default: Any) -> Any:

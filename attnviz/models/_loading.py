@@ -1,0 +1,73 @@
+"""Loading messages for Hugging Face models: what went wrong and what to do next."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from attnviz.errors import ModelLoadError
+
+
+def _friendly_load_error(name: str, exc: BaseException, is_local: bool) -> ModelLoadError:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if len(text) > 300:
+        text = text[:300] + "..."
+    if is_local:
+        return ModelLoadError(
+            f"cannot load the model in folder {name}: {text}",
+            "the folder needs config.json, tokenizer files and weights "
+            "(model.safetensors or pytorch_model.bin) that match the config",
+        )
+    import difflib
+
+    offline = not _hub_reachable()
+    close = difflib.get_close_matches(name.lower(), ["minilm", "toy"], n=1, cutoff=0.6)
+    return ModelLoadError(
+        f"cannot load model {name!r}: it is not a local folder and could not be fetched from the "
+        f"Hugging Face Hub{' (the Hub cannot be reached: offline?)' if offline else ''} ({text})",
+        (f"did you mean --model {close[0]}? " if close else "")
+        + "check the spelling and your network, pass a local model folder, or use the bundled "
+        "model with --model minilm",
+    )
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    """Silence a standard-library logger below ERROR for the duration of the block."""
+    import logging
+
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _size(nbytes: int) -> str:
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
+        value /= 1024
+    return f"{value:.1f} GiB"  # pragma: no cover
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub answers at all (False in offline mode)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+        return False
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    parsed = urlparse(endpoint)
+    host = parsed.hostname or "huggingface.co"
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
