@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import attnviz.export as export_module
+import attnviz.export.draw as export_module
 import attnviz.models
 from attnviz.export import ExportItem, ExportOptions, export_items
 from attnviz.models import ModelSpec

@@ -217,7 +217,7 @@ def test_attention_file_truncated_while_drawing(tmp_path: Path) -> None:
             return result
 
         capture.load_capture = load
-        import attnviz.export as export_module
+        import attnviz.export.exporter as export_module
         real_render = export_module.render_task
 
         def render(task, *args, **kwargs):

@@ -137,17 +137,6 @@ class ExportWorker(WorkerBase):
         return result
 
 
-def _add_counts(total: ExportSummary, part: ExportSummary) -> None:
-    total.exported += part.exported
-    total.skipped += part.skipped
-    total.duplicates += part.duplicates
-    total.files_written += part.files_written
-    total.files_skipped += part.files_skipped
-    for origin, message in part.failures:
-        total.add_failure(origin, message)
-    total.failed += part.failed - len(part.failures)
-
-
 def _replay(progress: ExportProgress, events: list[Event]) -> None:
     for name, args in events:
         getattr(progress, name)(*args)
@@ -163,20 +152,12 @@ def export_items_ray(items: Iterable[ExportItem], out_dir: Path | str,
     The arguments and errors are those of :func:`_export_items_ray`; like a local export, a
     second export into the same folder stops with an :class:`~attnviz.errors.OutputError`.
     """
-    from attnviz.export import LOCK_NAME
-    from attnviz.fileio import FolderLock, ensure_dir, remove_empty_dirs
+    from attnviz.export import export_lock
 
-    created: list[Path] = []
-    ensure_dir(Path(out_dir), created=created)
-    lock = FolderLock(Path(out_dir), LOCK_NAME, "another export")
-    try:
-        lock.acquire()
+    with export_lock(Path(out_dir)):
         return _export_items_ray(items, out_dir, options, spec=spec, ray=ray,
                                  max_tokens=max_tokens, truncate=truncate, use_cache=use_cache,
                                  progress=progress, note=note)
-    finally:
-        lock.release()
-        remove_empty_dirs(created)  # only folders left empty: a failed start
 
 
 def _export_items_ray(items: Iterable[ExportItem], out_dir: Path | str,
@@ -256,7 +237,7 @@ def _export_items_ray(items: Iterable[ExportItem], out_dir: Path | str,
                 for result in map_batches(run, batches, ExportWorker, ray_options, kwargs):
                     _replay(progress, result.events)
                     if result.summary is not None:
-                        _add_counts(summary, result.summary)
+                        summary.add_counts(result.summary)
                     for entry in result.entries:
                         waiting[int(entry["number"])] = entry
                     while following in waiting:
