@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any
 # `attnviz.capture` names (`from attnviz.capture import Capture` works as ever). It is cheap:
 # numpy and everything heavier load on first use.
 import attnviz.capture as _capture_module
-
-__version__ = "0.2.0"
+from attnviz._version import __version__
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture

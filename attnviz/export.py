@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from attnviz import __version__
+from attnviz._version import __version__
 from attnviz.errors import AttnvizError, InputError, OutputError, UsageError
 from attnviz.fileio import LinkError
 
