@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any
 # `attnviz.capture` names (`from attnviz.capture import Capture` works as ever). It is cheap:
 # numpy and everything heavier load on first use.
 import attnviz.capture as _capture_module
-
-__version__ = "0.2.0"
+from attnviz._version import __version__
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
@@ -80,6 +79,26 @@ def show(capture: Capture, view: str = "head", **options: Any) -> AttentionView:
     from attnviz.notebook import show as show_inline
 
     return show_inline(capture, view, **options)
+
+
+def _heatmap_view(capture: Capture, /, layer: int, head: int | str = "mean", ax: Any = None,
+                  **options: Any) -> tuple[Any, Any]:
+    from attnviz.render.heatmap import capture_heatmap
+
+    return capture_heatmap(capture, layer, head, ax, **options)
+
+
+def _html_view(capture: Capture) -> str:
+    from attnviz.notebook import capture_html
+
+    return capture_html(capture)
+
+
+# Capture.heatmap, Capture.show and a notebook's display of a capture draw through these: the
+# record module imports nothing that draws, and figures and the notebook load on first use.
+_capture_module.register_view("heatmap", _heatmap_view)
+_capture_module.register_view("show", show)
+_capture_module.register_view("html", _html_view)
 
 
 def __getattr__(name: str) -> Any:

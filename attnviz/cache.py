@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from attnviz import __version__
+from attnviz._version import __version__
 from attnviz.errors import AttnvizError, OutputError, UsageError
 
 if TYPE_CHECKING:

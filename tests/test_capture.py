@@ -87,6 +87,47 @@ def test_load_does_not_import_torch(tmp_path):
     assert out.stdout.strip() == "(2, 3, 4, 4) False"
 
 
+def test_record_imports_nothing_above_it():
+    """capture.py and the modules it is built from import only what lies below the record."""
+    import ast
+    from pathlib import Path
+
+    import attnviz.capture_format
+
+    below = {"attnviz.capture_build", "attnviz.capture_format", "attnviz.errors",
+             "attnviz.fileio", "attnviz.selection"}
+    folder = Path(attnviz.capture_format.__file__).parent
+    for name in ("capture.py", "capture_build.py", "capture_format.py"):
+        tree = ast.parse((folder / name).read_text(encoding="utf-8"))
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                     for alias in node.names}
+        ours = {module for module in imported if module and module.split(".")[0] == "attnviz"}
+        assert ours <= below, (name, ours - below)
+
+
+def test_views_load_figures_and_notebook_on_first_use(tmp_path):
+    """Capture.heatmap and a notebook's display go through the views the package root
+    registers: nothing that draws is imported before they are called."""
+    make_capture().save(tmp_path / "c")
+    code = ("import sys; from attnviz.capture import load_capture; "
+            f"c = load_capture({str(tmp_path / 'c')!r}); "
+            "heavy = ('attnviz.render.heatmap', 'attnviz.notebook', 'matplotlib'); "
+            "before = [m for m in heavy if m in sys.modules]; "
+            "fig, ax = c.heatmap(1, 2, cmap='magma'); html = c._repr_html_(); "
+            "print(before, type(fig).__name__, ax.get_figure() is fig, "
+            "'attnviz.notebook' in sys.modules, html.startswith('<iframe'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[] Figure True True True"
+
+
+def test_register_view_refuses_unknown_names():
+    from attnviz.capture import register_view
+
+    with pytest.raises(ValueError, match="unknown capture view 'plot'"):
+        register_view("plot", print)
+
+
 # ------------------------------------------------------------------------- corrupt dumps
 def _corrupt(tmp_path, how):
     folder = tmp_path / "c"

@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from attnviz import __version__
+from attnviz._version import __version__
 
 
 class Terminated(KeyboardInterrupt):

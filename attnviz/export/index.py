@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from attnviz import __version__
+from attnviz._version import __version__
 from attnviz.export.plan import FOLDER_NAME
 from attnviz.export.write import MANIFEST, is_dir
 

@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnviz import __version__
+from attnviz._version import __version__
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture

@@ -21,7 +21,9 @@ from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
-from attnviz.render.heatmap import (  # noqa: E402
+from attnviz.render.colours import ColourScale, ResolvedScale, colour_table  # noqa: E402
+from attnviz.render.head import draw_head  # noqa: E402
+from attnviz.render.layout import (  # noqa: E402
     ANNOT_MAX_TOKENS,
     ANNOT_PT,
     AXIS_LABEL_IN,
@@ -40,21 +42,19 @@ from attnviz.render.heatmap import (  # noqa: E402
     PAD_IN,
     TITLE_LINE_IN,
     TITLE_PT,
-    ColourScale,
-    ResolvedScale,
+    _fraction,
+    _ordinal,
+    _whole,
+    plain_text,
+    wrap_text,
+)
+from attnviz.render.parts import (  # noqa: E402
     _annotate,
     _axis_label,
     _colourbar,
     _divider,
-    _fraction,
-    _ordinal,
     _scale,
     _token_ticks,
-    _whole,
-    colour_table,
-    draw_head,
-    plain_text,
-    wrap_text,
 )
 
 DIVERGING_CMAP = "RdBu_r"  # blue = less attention in B, red = more; white = no change
@@ -126,7 +126,7 @@ def draw_matrix(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], *,
                 scale: ColourScale | str | None = "linear", gamma: float | None = None,
                 dpi: float = DEFAULT_DPI) -> Figure:
     """One ``[query, key]`` heatmap with token labels, laid out as
-    :func:`~attnviz.render.heatmap.draw_head` lays out a head.
+    :func:`~attnviz.render.head.draw_head` lays out a head.
 
     The colour scale defaults to linear up to the matrix maximum (rollout matrices rarely
     reach 1); ``vmax=None`` means the same.

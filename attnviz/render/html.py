@@ -249,7 +249,7 @@ def report_data(captures: Sequence[Capture], *, title: str | None = None,
     ``selection`` opens the report on a view, layer and heads (``{"view": "heatmap",
     "layer": 3, "heads": [7]}``, model indices); the address (``#...``) still overrides it.
     """
-    from attnviz import __version__
+    from attnviz._version import __version__
 
     if not captures:
         raise UsageError("a report needs at least one capture", "give a TEXT, --from or --input")

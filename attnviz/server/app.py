@@ -95,7 +95,7 @@ def _asset(package: str, name: str) -> str:
 
 def page_html() -> str:
     """The live page: the report's markup inside the page's own controls."""
-    from attnviz import __version__
+    from attnviz._version import __version__
     from attnviz.render.html import report_body
 
     generator = f"attnviz {__version__}"
@@ -479,7 +479,7 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         return Route(f"/assets/{name}", asset, methods=["GET"])
 
     async def health(request: Request) -> Response:
-        from attnviz import __version__
+        from attnviz._version import __version__
 
         return _json({"status": "ok", "version": __version__, "models": engine.models,
                       "pending": engine.pending()})

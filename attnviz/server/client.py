@@ -183,7 +183,7 @@ class RemoteSession(Session):
     # ------------------------------------------------------------------ HTTP
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """Send one request and return the decoded JSON answer (errors raised as attnviz's)."""
-        from attnviz import __version__
+        from attnviz._version import __version__
 
         data = None if body is None else json.dumps(body, ensure_ascii=False).encode("utf-8")
         headers = {"Accept": "application/json", "User-Agent": f"attnviz/{__version__}"}

@@ -1,0 +1,187 @@
+"""One head's ``[query, key]`` matrix as a labelled heatmap, with its cell values written in
+while they are legible (``attnviz heatmap --layer L --head H``).
+
+Query tokens are rows, key tokens are columns: row ``i`` shows where token ``i`` looks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.image import AxesImage  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+
+from attnviz.render.colours import (  # noqa: E402
+    DEFAULT_VMAX,
+    ColourScale,
+    ResolvedScale,
+    check_cmap,
+    colour_table,
+)
+from attnviz.render.layout import (  # noqa: E402
+    ANNOT_MAX_TOKENS,
+    AXIS_PT,
+    CELL_ANNOT_IN,
+    CELL_LABEL_IN,
+    COLOURBAR_GAP_IN,
+    DEFAULT_DPI,
+    LABEL_PT,
+    TITLE_PT,
+    HeadLayout,
+    _fraction,
+    _ordinal,
+    head_layout,
+    plain_text,
+    text_width,
+    title_lines,
+    wrap_text,
+)
+from attnviz.render.parts import (  # noqa: E402
+    _annotate,
+    _axis_label,
+    _colourbar,
+    _divider,
+    _scale,
+    _token_ticks,
+)
+
+
+@dataclass
+class HeadArtists:
+    """The pieces of a one-head figure that change from head to head."""
+
+    fig: Figure
+    ax: Axes
+    image: AxesImage
+    title: Text
+    ticks: list[Text]
+    cells: list[Text]
+    scale: ResolvedScale
+    layout: HeadLayout | None
+    title_width: float = 0.0
+    annot: bool = False
+
+
+def draw_head_artists(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], *,
+                      title: str, cmap: str = "viridis", annot: bool | None = None,
+                      scale: ColourScale | str | None = None, gamma: float | None = None,
+                      vmax: str | float | None = DEFAULT_VMAX, dpi: float = DEFAULT_DPI,
+                      row_divider: int | None = None, col_divider: int | None = None,
+                      label: str = "attention weight", row_name: str = "query (attending)",
+                      col_name: str = "key (attended to)", ax: Axes | None = None,
+                      title_lines_hint: int = 0, digits: int = 2,
+                      write_values: bool = True) -> HeadArtists:
+    """:func:`draw_head`, returning the artists (the fast renderer and ``HeadFigure`` use them).
+
+    ``title_lines_hint`` reserves room for a title of that many lines (the frame of several
+    titles is laid out for the longest); ``write_values=False`` lays the figure out for cell
+    values without writing them (the fast renderer writes its own).
+    """
+    matrix = np.asarray(matrix, dtype=np.float32)
+    colour_scale = _scale(scale, gamma, vmax)
+    resolved = colour_scale.resolve(matrix)
+    table = colour_table(check_cmap(cmap))
+    rgb, bins = resolved.colours(matrix, table)
+    num_query, num_key = matrix.shape
+    with plain_text():
+        if ax is None:
+            probe = head_layout(num_query, num_key, annot=annot, dpi=dpi)
+            lines = max(title_lines(title, probe.title_width), title_lines_hint)
+            layout: HeadLayout | None = head_layout(num_query, num_key, annot=annot, dpi=dpi,
+                                                    lines=lines)
+            assert layout is not None
+            fig = Figure(figsize=(layout.width, layout.height), dpi=dpi)
+            fig.patch.set_facecolor("white")
+            ax = fig.add_axes(_fraction(layout.plot, layout.width, layout.height))
+            cax = fig.add_axes(_fraction(layout.colourbar, layout.width, layout.height))
+            label_size, row_step, col_step = layout.label_size, layout.row_step, layout.col_step
+            annotate, row_notes, col_notes = layout.annot, layout.row_notes, layout.col_notes
+            title_width = layout.title_width
+        else:
+            layout = None
+            fig = ax.get_figure()  # type: ignore[assignment]
+            assert isinstance(fig, Figure)
+            from mpl_toolkits.axes_grid1 import make_axes_locatable
+
+            cax = make_axes_locatable(ax).append_axes("right", size="4%", pad=0.08)
+            box = ax.get_position()
+            plot_w, plot_h = box.width * fig.get_size_inches()[0], box.height * \
+                fig.get_size_inches()[1]
+            label_size = LABEL_PT
+            row_step = max(1, math.ceil(CELL_LABEL_IN / max(plot_h / num_query, 1e-6) - 1e-9))
+            col_step = max(1, math.ceil(CELL_LABEL_IN / max(plot_w / num_key, 1e-6) - 1e-9))
+            annotate = bool(annot) if annot is not None else (
+                max(num_query, num_key) <= ANNOT_MAX_TOKENS
+                and min(plot_w / num_key, plot_h / num_query) >= CELL_ANNOT_IN)
+            row_notes = (f"every {_ordinal(row_step)} token labelled",) if row_step > 1 else ()
+            col_notes = (f"every {_ordinal(col_step)} token labelled",) if col_step > 1 else ()
+            title_width = max(box.width * fig.get_size_inches()[0], 1.0)
+        image = ax.imshow(rgb, aspect="auto", interpolation="nearest")
+        _token_ticks(ax, list(cols), col_step, label_size, "x")
+        _token_ticks(ax, list(rows), row_step, label_size, "y")
+        ax.set_xlim(-0.5, num_key - 0.5)
+        ax.set_ylim(num_query - 0.5, -0.5)
+        if layout is not None and layout.plot[2] + 2 * COLOURBAR_GAP_IN < text_width(
+                "; ".join([col_name, *col_notes]), AXIS_PT):
+            col_name = col_name.split(" ")[0]  # a narrow window: "key" clears the colour bar
+        _axis_label(ax, "; ".join([col_name, *col_notes]), "x", list(cols)[::col_step],
+                    label_size)
+        if layout is not None and layout.plot[3] < text_width(row_name, AXIS_PT) + 0.2:
+            row_name = row_name.split(" ")[0]  # a flat window: "query" fits, the rest not
+        _axis_label(ax, "; ".join([row_name, *row_notes]), "y", list(rows)[::row_step],
+                    label_size)
+        _divider(ax, row_divider, "y")
+        _divider(ax, col_divider, "x")
+        cells = (_annotate(ax, matrix, bins, table, digits=digits)
+                 if annotate and write_values else [])
+        wrapped = wrap_text(title, title_width, TITLE_PT)
+        if layout is not None:  # just above the plot: a shorter title leaves room at the top
+            plot_top = layout.plot[1] + layout.plot[3]
+            title_text = fig.suptitle(wrapped, x=0.5, y=(plot_top + 0.14) / layout.height,
+                                      ha="center", va="bottom", fontsize=TITLE_PT)
+        else:
+            title_text = ax.set_title(wrapped, fontsize=TITLE_PT)
+        ticks = _colourbar(fig, cax, resolved, cmap, resolved.label(label))
+    return HeadArtists(fig, ax, image, title_text, ticks, cells, resolved, layout, title_width,
+                       annotate)
+
+
+def draw_head(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], *, title: str,
+              cmap: str = "viridis", annot: bool | None = None,
+              vmax: str | float | None = DEFAULT_VMAX, scale: ColourScale | str | None = None,
+              gamma: float | None = None, dpi: float = DEFAULT_DPI,
+              row_divider: int | None = None, col_divider: int | None = None,
+              label: str = "attention weight", ax: Axes | None = None) -> Figure:
+    """Figure of one ``[query, key]`` attention matrix with token labels and a colour bar.
+
+    Args:
+        matrix: ``[query, key]`` weights.
+        rows: query token labels; cols: key token labels.
+        title: figure title (model, layer, head); wrapped to fit.
+        cmap: matplotlib colour map.
+        annot: write values in the cells; ``None`` means "when there are at most 30 tokens"
+            (values are never drawn smaller than 8 pt: too many tokens, and they are left out).
+        vmax: top of the colour scale: ``"auto"`` (the matrix maximum) or a number (``1``:
+            the fixed 0..1 scale, to compare figures).
+        scale: ``linear``, ``power`` (default, with ``gamma``) or ``log``; or a
+            :class:`ColourScale`, which then also decides ``vmax``.
+        gamma: the power scale's exponent (default 0.5).
+        dpi: the resolution the figure will be saved at (sizes are chosen for it).
+        row_divider, col_divider: draw a line before this row / column (a sentence pair's
+            second segment).
+        label: what the values are (colour bar label).
+        ax: draw into this axes of your own figure instead of a new figure.
+    """
+    return draw_head_artists(matrix, rows, cols, title=title, cmap=cmap, annot=annot,
+                             scale=scale, gamma=gamma, vmax=vmax, dpi=dpi,
+                             row_divider=row_divider, col_divider=col_divider, label=label,
+                             ax=ax).fig

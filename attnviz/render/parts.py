@@ -1,0 +1,156 @@
+"""What every attention heatmap draws around its images: the colour bar, token labels, axis
+labels, a sentence pair's divider and the cell values (one head, grids and the analysis
+figures share them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+
+from attnviz.render.colours import ColourScale, ColourTable, ResolvedScale, colour_table  # noqa: E402
+from attnviz.render.layout import ANNOT_PT, AXIS_PT, LABEL_IN, shorten, text_width  # noqa: E402
+
+DIVIDER_COLOUR = "white"
+
+
+def _colourbar(fig: Figure, cax: Axes, scale: ResolvedScale, cmap: str, label: str,
+               size: float = 8.0, labels: Sequence[str] | None = None) -> list[Text]:
+    """A colour bar drawn as a gradient image in unit space, with its ticks.
+
+    The tick labels are figure texts at fixed places (the fast renderer stamps them), so
+    returned in tick order; the label says the scale and the top.
+    """
+    gradient = colour_table(cmap).rgb[:, None, :]  # [N, 1, 3], bottom to top
+    cax.imshow(gradient, aspect="auto", interpolation="nearest", origin="lower",
+               extent=(0.0, 1.0, 0.0, 1.0))
+    cax.set_xlim(0.0, 1.0)
+    cax.set_ylim(0.0, 1.0)
+    cax.set_xticks([])
+    units = scale.tick_units()
+    cax.yaxis.tick_right()
+    cax.set_yticks(units, [""] * len(units))
+    cax.tick_params(axis="y", length=3, width=0.8, pad=1)
+    for spine in cax.spines.values():
+        spine.set_linewidth(0.8)
+    position = cax.get_position()
+    fig_w, fig_h = fig.get_size_inches()
+    x = position.x1 + 0.07 / fig_w
+    texts = []
+    strings = list(scale.tick_labels() if labels is None else labels)
+    for unit, text in zip(units, strings):
+        y = position.y0 + unit * position.height
+        texts.append(fig.text(x, y, text, ha="left", va="center", fontsize=size,
+                              parse_math=False))
+    # Room for the widest label an auto top can produce ("0.0068") or the ones given.
+    longest = max(text_width(t, size) for t in [*strings, "0.0068"])
+    label_x = position.x1 + (0.12 + longest + 0.08) / fig_w
+    fig.text(label_x, position.y0 + position.height / 2, label, rotation=90, ha="left",
+             va="center", fontsize=8.5, parse_math=False, linespacing=1.3)
+    return texts
+
+
+def _offset(ax: Axes, axis: str, points: float) -> Any:
+    """Data coordinates along ``axis``, ``points`` outside the axes on the other axis."""
+    from matplotlib.transforms import ScaledTranslation, blended_transform_factory
+
+    fig = ax.get_figure()
+    assert fig is not None
+    if axis == "x":
+        base = blended_transform_factory(ax.transData, ax.transAxes)
+        return base + ScaledTranslation(0, -points / 72, fig.dpi_scale_trans)
+    base = blended_transform_factory(ax.transAxes, ax.transData)
+    return base + ScaledTranslation(-points / 72, 0, fig.dpi_scale_trans)
+
+
+def _token_ticks(ax: Axes, labels: Sequence[str], step: int, size: float, axis: str,
+                 room: float = LABEL_IN - 0.08,
+                 places: Sequence[float] | None = None) -> list[Text]:
+    """Token labels along one side of a heatmap, every ``step``-th (cell ``i`` is centred on
+    ``i``, or on ``places[i]``), shortened to ``room`` inches.
+
+    Plain texts rather than matplotlib ticks: a tick costs several artists, and a long input
+    has hundreds of labels.
+    """
+    positions = list(range(0, len(labels), step))
+    transform = _offset(ax, axis, 2.0)
+    texts = []
+    for i in positions:
+        where = float(i) if places is None else float(places[i])
+        shown = shorten(labels[i], room, size)
+        if axis == "x":
+            texts.append(ax.text(where, 0.0, shown, transform=transform, rotation=90,
+                                 ha="center", va="top", fontsize=size, parse_math=False))
+        else:
+            texts.append(ax.text(0.0, where, shown, transform=transform, ha="right",
+                                 va="center", fontsize=size, parse_math=False))
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return texts
+
+
+def _axis_label(ax: Axes, text: str, axis: str, labels: Sequence[str], size: float) -> Text:
+    """An axis label just outside the widest token label (measured)."""
+    widest = max((text_width(shorten(t, LABEL_IN - 0.08, size), size) for t in labels),
+                 default=0.0)
+    points = 2.0 + widest * 72 + 4.0
+    if axis == "x":
+        return ax.text(0.5, 0.0, text, transform=_axes_offset(ax, 0.0, -points), ha="center",
+                       va="top", fontsize=AXIS_PT, parse_math=False)
+    return ax.text(0.0, 0.5, text, transform=_axes_offset(ax, -points, 0.0), rotation=90,
+                   ha="right", va="center", fontsize=AXIS_PT, parse_math=False)
+
+
+def _axes_offset(ax: Axes, dx_points: float, dy_points: float) -> Any:
+    from matplotlib.transforms import ScaledTranslation
+
+    fig = ax.get_figure()
+    assert fig is not None
+    return ax.transAxes + ScaledTranslation(dx_points / 72, dy_points / 72, fig.dpi_scale_trans)
+
+
+def _divider(ax: Axes, position: int | None, axis: str, *, start: float = -0.5,
+             cell: float = 1.0, span: tuple[float, float] | None = None,
+             width: float = 1.5) -> None:
+    """A line between a sentence pair's segments, before token ``position`` of the window."""
+    if position is None:
+        return
+    where = start + position * cell
+    low, high = span if span is not None else (0.0, 1.0)
+    kwargs: dict[str, Any] = {"color": DIVIDER_COLOUR, "linewidth": width, "zorder": 3,
+                              "solid_capstyle": "butt"}
+    if span is None:
+        line = ax.axvline(where, **kwargs) if axis == "x" else ax.axhline(where, **kwargs)
+    else:
+        xs, ys = ([where, where], [low, high]) if axis == "x" else ([low, high], [where, where])
+        (line,) = ax.plot(xs, ys, **kwargs)
+    line.set_gid("pair-divider")
+
+
+def _annotate(ax: Axes, matrix: np.ndarray, bins: np.ndarray, table: ColourTable,
+              size: float = ANNOT_PT, digits: int = 2) -> list[Text]:
+    texts = []
+    for (i, j), value in np.ndenumerate(matrix):
+        light = bool(table.light_text[bins[i, j]])
+        shown = f"{value:.{digits}f}"
+        if shown.startswith("-") and float(shown) == 0:
+            shown = shown[1:]  # a tiny negative difference reads "0.00", not "-0.00"
+        texts.append(ax.text(j, i, shown, ha="center", va="center",
+                             fontsize=size, color="white" if light else "black",
+                             parse_math=False))
+    return texts
+
+
+def _scale(scale: ColourScale | str | None, gamma: float | None,
+           vmax: str | float | None) -> ColourScale:
+    if isinstance(scale, ColourScale):
+        return scale
+    return ColourScale.of(scale, gamma, vmax)
