@@ -19,7 +19,8 @@ compare``); :meth:`~attnviz.session.Session.run_texts` captures many texts with 
 model, selection and limits (``--input``).
 
 Each command of :mod:`attnviz.cli` builds one request from its options and makes one of these
-calls. Only the standard library is imported here, so ``attnviz --help`` stays fast.
+calls. Only the standard library and :mod:`attnviz.errors` are imported when this module
+loads, so ``attnviz --help`` stays fast.
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ one place::
     cap = session.capture("The cat sat on the mat")            # loads MiniLM once
     cap = session.capture("The dog sat on the rug", layers="5")  # warm: no second load
 
+A command asks one question per request (:class:`~attnviz.request.CaptureRequest`): the
+session reads the text or the saved capture, checks the indices against the model's config
+before loading it, looks in the cache and captures (:meth:`Session.run`; ``write``, ``run_each``
+and ``run_texts`` for ``dump``, ``compare`` and ``--input``).
+
 :func:`default_session` is the process-wide session that :func:`attnviz.capture_text` uses.
 """
 

@@ -1,4 +1,8 @@
-"""Pieces every command shares: the capture options, error handling and console output.
+"""Pieces every command shares: the capture options, the CLI session, errors and output.
+
+The shared options arrive as one :class:`CaptureOptions`; a command turns them into the
+library's :class:`~attnviz.request.CaptureRequest` (:meth:`CaptureOptions.request`) and asks the
+CLI :func:`session` one question with it, e.g. ``session().run(options.request(layer=5))``.
 
 Only typer, rich and the standard library are imported here, so ``attnviz --help`` stays fast.
 """
@@ -198,8 +202,9 @@ class CaptureOptions:
 
     def __post_init__(self) -> None:
         # --server (or $ATTNVIZ_SERVER) applies to the whole command: the CLI session becomes a
-        # client of that server, so every capture the command asks for comes from there.
-        use_server(self.server)
+        # client of that server, so every capture the command asks for comes from there. A
+        # saved capture (--from) is read here: no server is asked, whatever it says.
+        use_server(self.server if self.from_path is None else None)
         self._check_toy_options()
 
     def _check_toy_options(self) -> None:

@@ -48,6 +48,7 @@ from attnviz.cli._common import (
     session,
     stderr,
     stdout,
+    use_server,
     warn,
 )
 from attnviz.cli.core import TableFormat, _parse_head
@@ -294,6 +295,7 @@ def compare_command(
                              "--from: the captures already say which model made them")
         from attnviz.request import CaptureRequest
 
+        use_server(None)  # saved captures are read here, whatever --server says
         cap_a, cap_b = session().run_each([CaptureRequest(from_path=path) for path in paths])
         label_a, label_b = f"A: {cap_a.model} ({paths[0]})", f"B: {cap_b.model} ({paths[1]})"
     else:
