@@ -11,6 +11,11 @@ one place::
     cap = session.capture("The cat sat on the mat")            # loads MiniLM once
     cap = session.capture("The dog sat on the rug", layers="5")  # warm: no second load
 
+A command asks one question per request (:class:`~attnviz.request.CaptureRequest`): the
+session reads the text or the saved capture, checks the indices against the model's config
+before loading it, looks in the cache and captures (:meth:`Session.run`; ``write``, ``run_each``
+and ``run_texts`` for ``dump``, ``compare`` and ``--input``).
+
 :func:`default_session` is the process-wide session that :func:`attnviz.capture_text` uses.
 """
 
@@ -26,12 +31,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attnviz.errors import AttnvizError, InputError, UsageError
+from attnviz.request import check_text
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from attnviz.capture import Capture
     from attnviz.models import AttentionSource, ModelShape, ModelSpec
+    from attnviz.request import CaptureRequest
 
 Warn = Callable[[str], None]
 Selection = str | int | Sequence[int] | None
@@ -426,6 +433,161 @@ class Session:
                          write_cache=write_cache and not float16, options=options,
                          forward=forward, from_cache=from_cache)
 
+    # ------------------------------------------------------------------ requests
+    @_for_callers
+    def check(self, request: CaptureRequest) -> None:
+        """Check a request's selections and indices against the model's config before any
+        weights load (:meth:`validate`); a saved capture is checked when it is read.
+
+        Raises:
+            UsageError: a selection or index out of range (``start_layer``'s named
+                ``--start-layer``).
+            ModelLoadError: the model names a folder that does not exist.
+        """
+        if request.from_path is not None:
+            return
+        self.validate(request.model, layers=request.layers, heads=request.heads,
+                      layer=request.layer, head=request.head)
+        if request.start_layer is not None:
+            try:
+                self.validate(request.model, layer=request.start_layer)
+            except UsageError as error:  # "layer 10" alone would read like --layer
+                if not error.message.startswith("layer "):
+                    raise
+                raise UsageError(f"--start-layer: {error.message}", error.hint) from None
+
+    @_for_callers
+    def run(self, request: CaptureRequest) -> Capture:
+        """Answer one request (:mod:`attnviz.request`): the capture a command works on.
+
+        Checks the request against the model's config (:meth:`check`), reads the saved
+        capture (keeping the request's layers and heads of it) or the text (standard input
+        when asked), captures the text (from the capture cache, else the model; its warnings
+        go to ``warn``) and checks ``layer`` and ``head`` against the capture.
+
+        Returns:
+            The capture, weights ``[layer, head, query, key]``.
+
+        Raises:
+            UsageError: no input, or an index out of range or not in the capture.
+            InputError: an empty or unusable text or pair.
+            DumpError: the saved capture is missing or damaged.
+        """
+        self.check(request)
+        return self._answer(request)
+
+    @_for_callers
+    def run_each(self, requests: Sequence[CaptureRequest]) -> list[Capture]:
+        """Answer several requests (:meth:`run`), every one checked before any model loads."""
+        for request in requests:
+            self.check(request)
+        return [self._answer(request) for request in requests]
+
+    @_for_callers
+    def write(self, request: CaptureRequest, path: Path | str, *, float16: bool = False
+              ) -> tuple[Path, Capture]:
+        """Answer a request as :meth:`run` and write the record to ``path`` (``attnviz dump``).
+
+        A saved capture is read memory-mapped; a text goes through :meth:`dump` (from the
+        cache, else streamed layer by layer into the file).
+
+        Returns:
+            The written ``.npy`` path and the capture.
+        """
+        self.check(request)
+        if request.from_path is not None:
+            from attnviz.stream import write_capture
+
+            capture = self._saved(request, mmap=True)
+            return write_capture(capture, path, float16=float16), capture
+        text, pair = self._texts(request)
+        written = self.dump(text, path, pair, model=request.model, layers=request.layers,
+                            heads=request.heads, max_tokens=request.max_tokens,
+                            truncate=request.truncate, float16=float16,
+                            use_cache=request.use_cache and self.use_cache)
+        self._say(written[1])
+        return written
+
+    def run_texts(self, request: CaptureRequest, texts: Sequence[tuple[str, str | None]], *,
+                  batch_size: int = 1) -> Iterator[Capture | InputError]:
+        """Capture many texts with the request's model, selection and limits (its own input
+        is not used): one capture or :class:`InputError` per ``(text, pair)``, in order.
+
+        ``batch_size`` above 1 runs padded batches (:meth:`captures`); 1 captures the texts
+        one by one. The captures' warnings stay in ``capture.meta["warnings"]``, for the caller
+        to say which text each is about.
+        """
+        from attnviz.errors import named_for_python
+
+        def check(text: str, pair: str | None) -> None:
+            check_text(text)
+            if pair is not None:
+                check_text(pair, "the pair text")
+
+        if batch_size > 1:
+            yield from self.captures(texts, model=request.model, batch_size=batch_size,
+                                     layers=request.layers, heads=request.heads,
+                                     max_tokens=request.max_tokens, truncate=request.truncate,
+                                     use_cache=request.use_cache and self.use_cache,
+                                     check=check)
+            return
+        for text, pair in _text_pairs(texts):
+            try:
+                check(text, pair)
+                yield self.capture(text, pair, model=request.model, layers=request.layers,
+                                   heads=request.heads, max_tokens=request.max_tokens,
+                                   truncate=request.truncate,
+                                   use_cache=request.use_cache and self.use_cache)
+            except InputError as error:
+                yield named_for_python(error) if self.python else error
+
+    def _answer(self, request: CaptureRequest) -> Capture:
+        """:meth:`run` after :meth:`check`."""
+        if request.from_path is not None:
+            capture = self._saved(request)
+        else:
+            text, pair = self._texts(request)
+            capture = self.capture(text, pair, model=request.model, layers=request.layers,
+                                   heads=request.heads, max_tokens=request.max_tokens,
+                                   truncate=request.truncate,
+                                   use_cache=request.use_cache and self.use_cache)
+            self._say(capture)
+        if request.layer is not None:
+            capture.layer_position(request.layer)
+        if request.head is not None:
+            capture.head_position(request.head)
+        return capture
+
+    @staticmethod
+    def _texts(request: CaptureRequest) -> tuple[str, str | None]:
+        """The request's text (standard input read now) and pair, checked."""
+        text = request.input_text()
+        check_text(text)
+        if request.pair is not None:
+            check_text(request.pair, "the --pair text")
+        return text, request.pair
+
+    @staticmethod
+    def _saved(request: CaptureRequest, *, mmap: bool = False) -> Capture:
+        """The saved capture of ``request.from_path``, cut to the request's layers and heads."""
+        from attnviz.capture import load_capture
+        from attnviz.selection import parse_selection
+
+        capture = load_capture(cast("Path", request.from_path), mmap=mmap)
+        if request.layers is not None or request.heads is not None:
+            capture = capture.select(
+                parse_selection(request.layers, capture.num_layers, "layer")
+                if request.layers else None,
+                parse_selection(request.heads, capture.num_heads, "head")
+                if request.heads else None)
+        return capture
+
+    def _say(self, capture: Capture) -> None:
+        """Pass a fresh capture's warnings (a truncated text) on to ``warn``."""
+        if self.warn is not None:
+            for message in capture.meta.get("warnings", []):
+                self.warn(str(message))
+
     def _run(self, text: str, pair: str | None, *, model: str | ModelSpec | None,
              layers: Selection, heads: Selection, max_tokens: int | None, truncate: bool,
              use_cache: bool | None, write_cache: bool, options: dict[str, Any],
@@ -551,23 +713,6 @@ def _text_pairs(texts: Any) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def check_text(text: str, what: str = "the text") -> None:
-    """Raise :class:`InputError` for text a model cannot use (empty, NUL, not UTF-8)."""
-    if not isinstance(text, str):
-        raise InputError(f"{what} must be a string, not {type(text).__name__}")
-    if not text.strip():
-        raise InputError(f"{what} is empty", "give a sentence, e.g. "
-                         "attnviz heatmap \"The cat sat on the mat\"")
-    if "\x00" in text:
-        raise InputError(f"{what} contains a NUL character (\\x00)",
-                         "remove control characters from the text")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:  # undecodable bytes in argv arrive as lone surrogates
-        raise InputError(f"{what} is not valid UTF-8 (character {exc.start})",
-                         "pass UTF-8 text, or pipe a UTF-8 file in with TEXT -") from None
-
-
 class _Locked:
     """A loaded model whose forward passes hold the session's per-model lock."""
 
@@ -614,4 +759,4 @@ def default_session() -> Session:
         return _DEFAULT
 
 
-__all__ = ["Session", "default_session", "make_spec", "spec_key", "InputError"]
+__all__ = ["Session", "default_session", "make_spec", "spec_key", "check_text", "InputError"]

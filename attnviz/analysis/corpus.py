@@ -304,7 +304,8 @@ def _run_batch(source: AttentionSource, texts: Sequence[CorpusText], layers: str
     return results
 
 
-def corpus_stats(texts: Sequence[CorpusText], capture_text: Callable[[str, str | None], Capture],
+def corpus_stats(texts: Sequence[CorpusText],
+                 capture_text: Callable[[str, str | None], Capture] | None = None,
                  *, words: bool = False, exclude_special: bool = False,
                  warn: Callable[[str], None] | None = None,
                  advance: Callable[[], None] | None = None,
@@ -325,7 +326,8 @@ def corpus_stats(texts: Sequence[CorpusText], capture_text: Callable[[str, str |
         warn: called with each warning: a skipped text, and the capture's own warnings.
         advance: called once per text, used or skipped (for a progress bar).
         capture_all: instead of ``capture_text``, returns every text's capture or
-            :class:`InputError` in order, lazily (e.g. :func:`capture_batches`).
+            :class:`InputError` in order, lazily (e.g. :func:`capture_batches` or
+            :meth:`attnviz.session.Session.run_texts`).
 
     Returns:
         The sums, the last view and the number of skipped texts.
@@ -333,9 +335,14 @@ def corpus_stats(texts: Sequence[CorpusText], capture_text: Callable[[str, str |
     Raises:
         InputError: no text could be used (or the only text could not).
     """
+    results: Iterable[Capture | InputError]
+    if capture_all is not None:
+        results = capture_all(texts)
+    elif capture_text is not None:
+        results = _one_by_one(texts, capture_text)
+    else:
+        raise TypeError("corpus_stats needs capture_text or capture_all")
     part = CorpusPart()
-    results = (capture_all(texts) if capture_all is not None
-               else _one_by_one(texts, capture_text))
     for position, ((text, _pair), capture) in enumerate(zip(texts, results)):
         if isinstance(capture, InputError) and len(texts) == 1:
             raise capture

@@ -6,10 +6,9 @@ Only typer, rich and the standard library are imported here, so ``--help`` stays
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attnviz.cli._common import (  # noqa: F401  (toy options re-exported for the commands)
-    CaptureRequest,
     CausalOpt,
     DModelOpt,
     NoScaleOpt,
@@ -21,9 +20,6 @@ from attnviz.cli._common import (  # noqa: F401  (toy options re-exported for th
 )
 from attnviz.errors import UsageError
 
-if TYPE_CHECKING:
-    from attnviz.capture import Capture
-    from attnviz.models import AttentionSource
 
 def check_image_path(path: Path | None, option: str) -> None:
     """Refuse an image path whose suffix is not .png, .svg or .pdf."""
@@ -93,29 +89,3 @@ def print_wide(table: Any) -> None:
         stdout.print(table)
     finally:
         stdout.width = width
-
-
-class LazyModel:
-    """Loads the requested model on first use only (a cache hit never needs it)."""
-
-    def __init__(self, request: CaptureRequest) -> None:
-        self.request = request
-        self.source: AttentionSource | None = None
-
-    def __call__(self) -> AttentionSource:
-        if self.source is None:
-            from attnviz.cli._common import load_model
-
-            self.source = load_model(self.request)
-        return self.source
-
-
-def capture_text(model: LazyModel, text: str, pair: str | None, layers: str | None,
-                 heads: str | None) -> Capture:
-    """One text's capture through the CLI session: from the cache when allowed, else the model."""
-    from attnviz.cli._common import capture_for, check_text
-
-    check_text(text)
-    if pair is not None:
-        check_text(pair, "the pair text")
-    return capture_for(model.request, text, pair, layers=layers, heads=heads)

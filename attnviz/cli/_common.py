@@ -1,4 +1,8 @@
-"""Pieces every command shares: the capture options, error handling and console output.
+"""Pieces every command shares: the capture options, the CLI session, errors and output.
+
+The shared options arrive as one :class:`CaptureOptions`; a command turns them into the
+library's :class:`~attnviz.request.CaptureRequest` (:meth:`CaptureOptions.request`) and asks the
+CLI :func:`session` one question with it, e.g. ``session().run(options.request(layer=5))``.
 
 Only typer, rich and the standard library are imported here, so ``attnviz --help`` stays fast.
 """
@@ -19,11 +23,12 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 import typer
 from rich.console import Console
 
-from attnviz.errors import AttnvizError, InputError, UsageError
+from attnviz.errors import AttnvizError, UsageError
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
-    from attnviz.models import AttentionSource
+    from attnviz.models import ModelSpec
+    from attnviz.request import CaptureRequest
     from attnviz.session import Session
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -171,8 +176,9 @@ NoScaleOpt = Annotated[bool, typer.Option(
 
 
 @dataclass
-class CaptureRequest:
-    """What the shared capture options asked for."""
+class CaptureOptions:
+    """What the shared capture options say; :meth:`request` turns them into the library's
+    :class:`~attnviz.request.CaptureRequest`, which the command hands to the session."""
 
     text: str | None
     from_path: Path | None
@@ -196,8 +202,9 @@ class CaptureRequest:
 
     def __post_init__(self) -> None:
         # --server (or $ATTNVIZ_SERVER) applies to the whole command: the CLI session becomes a
-        # client of that server, so every capture the command asks for comes from there.
-        use_server(self.server)
+        # client of that server, so every capture the command asks for comes from there. A
+        # saved capture (--from) is read here: no server is asked, whatever it says.
+        use_server(self.server if self.from_path is None else None)
         self._check_toy_options()
 
     def _check_toy_options(self) -> None:
@@ -222,6 +229,61 @@ class CaptureRequest:
         from attnviz.models import default_model
 
         return self.model or default_model()
+
+    def spec(self) -> ModelSpec:
+        """The model the options name, with its loading and toy options."""
+        from attnviz.models import TOY_MODEL, ModelSpec
+
+        name = self.model_name
+        toy = None
+        if name == TOY_MODEL:  # the toy module imports torch: only for the toy model
+            from attnviz.models.toy import ToyConfig
+
+            toy = ToyConfig(d_model=self.d_model, heads=self.toy_heads, layers=self.toy_layers,
+                            causal=self.causal, scale=not self.no_scale, seed=self.seed)
+        return ModelSpec(name=name, revision=self.revision,
+                         trust_remote_code=self.trust_remote_code, device=self.device,
+                         dtype=self.dtype, device_map=self.device_map, toy=toy)
+
+    def request(self, *, layers: str | None = None, heads: str | None = None,
+                layer: int | None = None, head: int | None = None,
+                start_layer: int | None = None) -> CaptureRequest:
+        """The request for the command's TEXT (``-``: standard input) or ``--from`` capture.
+
+        Args:
+            layers: the layers to keep (``"0,2-4"``); ``heads`` the heads (``None``: all).
+            layer: the layer the command reads, ``head`` its head (checked before loading
+                and on the capture); ``start_layer`` rollout's first layer.
+
+        Raises:
+            UsageError: neither or both of TEXT and ``--from``, or ``--pair`` with ``--from``.
+        """
+        if self.text is None and self.from_path is None:
+            raise missing_text_error()
+        if self.text is not None and self.from_path is not None:
+            raise UsageError("give either TEXT or --from PATH, not both")
+        if self.from_path is not None and self.pair is not None:
+            raise UsageError("--pair cannot be used with --from: the capture already holds its "
+                             "text")
+        return self._request(layers=layers, heads=heads, layer=layer, head=head,
+                             start_layer=start_layer)
+
+    def model_request(self, *, layers: str | None = None, heads: str | None = None
+                      ) -> CaptureRequest:
+        """The request of a command whose texts come from elsewhere (``--input``, export's
+        TEXT...): the model, the selection and the limits, no input of its own."""
+        return self._request(layers=layers, heads=heads, input_given=False)
+
+    def _request(self, *, input_given: bool = True, **what: Any) -> CaptureRequest:
+        from attnviz.request import CaptureRequest
+
+        text = self.text if input_given else None
+        from_path = self.from_path if input_given else None
+        return CaptureRequest(text=None if text == "-" else text, stdin=text == "-",
+                              from_path=from_path, pair=self.pair if input_given else None,
+                              model=None if from_path is not None else self.spec(),
+                              max_tokens=self.max_tokens, truncate=self.truncate,
+                              use_cache=not self.no_cache, **what)
 
 
 _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
@@ -297,7 +359,7 @@ def _toy_options() -> list[tuple[str, str, Any]]:
 def capture_options(func: F) -> F:
     """Add the shared TEXT/--from/model options to a command.
 
-    The command receives them as one ``request: CaptureRequest`` argument; its own parameters
+    The command receives them as one ``options: CaptureOptions`` argument; its own parameters
     follow. Typer reads the combined signature, so ``--help`` lists every option.
     """
     import typing
@@ -305,7 +367,7 @@ def capture_options(func: F) -> F:
     own_hints = typing.get_type_hints(func, include_extras=True)
     own = inspect.signature(func)
     own_params = [p.replace(annotation=own_hints.get(name, p.annotation))
-                  for name, p in own.parameters.items() if name != "request"]
+                  for name, p in own.parameters.items() if name != "options"]
     shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                 annotation=annotation)
               for name, annotation, default in _CAPTURE_PARAMS]
@@ -320,98 +382,25 @@ def capture_options(func: F) -> F:
         bound = inspect.Signature(params).bind(*args, **kwargs)
         bound.apply_defaults()
         values = dict(bound.arguments)
-        request = CaptureRequest(**{k: values.pop(k) for k in list(values) if k in shared_names})
-        return func(request=request, **values)
+        options = CaptureOptions(**{k: values.pop(k) for k in list(values) if k in shared_names})
+        return func(options=options, **values)
 
     wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     hints = {name: annotation for name, annotation, _ in _CAPTURE_PARAMS}
-    hints.update({k: v for k, v in own_hints.items() if k not in ("request", "return")})
+    hints.update({k: v for k, v in own_hints.items() if k not in ("options", "return")})
     wrapper.__annotations__ = hints
     return wrapper  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- getting a capture
-ENV_MAX_INPUT_MB = "ATTNVIZ_MAX_INPUT_MB"
-DEFAULT_MAX_INPUT_MB = 16
-_MAX_INPUT_MB_CEILING = 1_000_000
-
-
-def max_input_bytes() -> int:
-    """The most bytes one text may have on standard input: ``$ATTNVIZ_MAX_INPUT_MB`` (16 MB).
-
-    Raises:
-        UsageError: the variable is not a number of megabytes above 0.
-    """
-    raw = os.environ.get(ENV_MAX_INPUT_MB, "").strip()
-    if not raw:
-        return DEFAULT_MAX_INPUT_MB * 1024 * 1024
-    try:
-        megabytes = float(raw)
-    except ValueError:
-        megabytes = float("nan")
-    if not 0 < megabytes <= _MAX_INPUT_MB_CEILING:  # also false for NaN
-        raise UsageError(f"{ENV_MAX_INPUT_MB}={raw!r} is not a size: give megabytes above 0, "
-                         f"up to {_MAX_INPUT_MB_CEILING}",
-                         f"for example: export {ENV_MAX_INPUT_MB}=64, or unset it for the "
-                         f"default of {DEFAULT_MAX_INPUT_MB}")
-    return max(1, int(megabytes * 1024 * 1024))
-
-
-def read_limited(stream: Any, what: str = "standard input") -> bytes | str:
-    """Everything on ``stream`` up to :func:`max_input_bytes`; never reads past the limit.
-
-    Raises:
-        InputError: the stream holds more (``/dev/zero`` would otherwise be read for ever).
-    """
-    limit = max_input_bytes()
-    data = stream.read(limit + 1)
-    if len(data) > limit:
-        raise InputError(f"{what} holds more than {limit} bytes ({limit / 1024 / 1024:g} MB), "
-                         "the limit for one text",
-                         f"pass a shorter text, or raise the limit with "
-                         f"{ENV_MAX_INPUT_MB}=<megabytes>")
-    return cast("bytes | str", data)
-
-
 def read_text(text: str) -> str:
     """The TEXT argument, with '-' read from standard input; rejects empty and NUL text."""
+    from attnviz.request import check_text, read_stdin
+
     if text == "-":
-        data = read_limited(sys.stdin.buffer if hasattr(sys.stdin, "buffer") else sys.stdin)
-        if isinstance(data, bytes):
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError(f"standard input is not valid UTF-8 (byte {exc.start})",
-                                 "save the text as UTF-8 and try again") from None
-        else:
-            text = data
-        text = text.rstrip("\r\n")
+        text = read_stdin()
     check_text(text)
     return text
-
-
-def check_text(text: str, what: str = "the text") -> None:
-    """Raise :class:`InputError` for text a model cannot use (see :mod:`attnviz.session`)."""
-    from attnviz.session import check_text as check
-
-    check(text, what)
-
-
-def toy_config(request: CaptureRequest) -> Any:
-    from attnviz.models.toy import ToyConfig
-
-    return ToyConfig(d_model=request.d_model, heads=request.toy_heads, layers=request.toy_layers,
-                     causal=request.causal, scale=not request.no_scale, seed=request.seed)
-
-
-def model_spec(request: CaptureRequest) -> Any:
-    from attnviz.models import TOY_MODEL, ModelSpec
-
-    name = request.model_name
-    return ModelSpec(name=name, revision=request.revision,
-                     trust_remote_code=request.trust_remote_code, device=request.device,
-                     dtype=request.dtype, device_map=request.device_map,
-                     toy=toy_config(request) if name == TOY_MODEL else None)
 
 
 def stdin_is_piped() -> bool:
@@ -458,16 +447,6 @@ def missing_text_error(what: str = "a TEXT to analyse or --from PATH with a save
     return UsageError(f"give {what}", f"example: {command} \"The cat sat on the mat\"")
 
 
-def validate_request(request: CaptureRequest) -> None:
-    """Check that exactly one of TEXT and --from is given."""
-    if request.text is None and request.from_path is None:
-        raise missing_text_error()
-    if request.text is not None and request.from_path is not None:
-        raise UsageError("give either TEXT or --from PATH, not both")
-    if request.from_path is not None and request.pair is not None:
-        raise UsageError("--pair cannot be used with --from: the capture already holds its text")
-
-
 _SESSION: Session | None = None
 _WARNED: set[str] = set()  # warnings said once per process
 _SERVER: str | None = None  # --server: the CLI session is a client of that attnviz serve
@@ -497,63 +476,6 @@ def session() -> Session:
         _SESSION = Session(warn=warn, python=False, on_load=lambda name: stderr.status(
             f"Loading {name}...", spinner="dots"))
     return _SESSION
-
-
-def load_model(request: CaptureRequest) -> AttentionSource:
-    """Load (or reuse) the model the request names, through the CLI session."""
-    return session().source(model_spec(request))
-
-
-def check_indices(request: CaptureRequest, *, layer: int | None = None,
-                  head: int | None = None) -> None:
-    """Check --layer/--head against the model's config before any weights are loaded.
-
-    A no-op with --from (the capture checks them at once) and for models whose size cannot be
-    read without loading them (see :meth:`attnviz.session.Session.validate`).
-    """
-    validate_request(request)
-    if request.from_path is None:
-        session().validate(model_spec(request), layer=layer, head=head)
-
-
-def capture_for(request: CaptureRequest, text: str, pair: str | None, *,
-                layers: str | None = None, heads: str | None = None) -> Capture:
-    """One text's capture with the request's model options, through the CLI session: from the
-    capture cache unless --no-cache, else from the model."""
-    return session().capture(text, pair, model=model_spec(request), layers=layers, heads=heads,
-                             max_tokens=request.max_tokens, truncate=request.truncate,
-                             use_cache=not request.no_cache)
-
-
-def obtain_capture(request: CaptureRequest, *, layers: str | None = None,
-                   heads: str | None = None, mmap: bool = False) -> Capture:
-    """The capture a command works on: from --from, the cache, or a fresh model run.
-
-    Args:
-        request: the shared options.
-        layers: a layer selection (``"0,2-4"``) to keep; all when ``None``.
-        heads: a head selection to keep; all when ``None``.
-        mmap: memory-map a capture loaded with --from.
-    """
-    from attnviz.selection import parse_selection
-
-    validate_request(request)
-    if request.from_path is not None:
-        from attnviz.capture import load_capture
-
-        capture = load_capture(request.from_path, mmap=mmap)
-        if layers is not None or heads is not None:
-            capture = capture.select(
-                parse_selection(layers, capture.num_layers, "layer") if layers else None,
-                parse_selection(heads, capture.num_heads, "head") if heads else None)
-        return capture
-    text = read_text(request.text or "")
-    if request.pair is not None:
-        check_text(request.pair, "the --pair text")
-    capture = capture_for(request, text, request.pair, layers=layers, heads=heads)
-    for message in capture.meta.get("warnings", []):
-        warn(message)
-    return capture
 
 
 def view_of(capture: Capture, *, exclude_special: bool = False, words: bool = False) -> Capture:

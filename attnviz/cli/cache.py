@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from attnviz.cli import app
+from attnviz.cli._app import app
 from attnviz.cli._common import handle_errors, stdout
 
 cache_app = typer.Typer(
@@ -35,7 +35,7 @@ def clear() -> None:
 
       attnviz cache clear
     """
-    from attnviz import cache
+    import attnviz.cache as cache
 
     entries, freed = cache.clear()
     stdout.print(f"Removed {entries} cached capture{'s' if entries != 1 else ''} "
@@ -51,7 +51,7 @@ def info() -> None:
 
       attnviz cache info
     """
-    from attnviz import cache
+    import attnviz.cache as cache
 
     state = cache.info()
     stdout.print(f"{state.path}\n{state.entries} cached capture"

@@ -14,27 +14,25 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 import typer
 from rich.markup import escape
 
-from attnviz.cli import app
 from attnviz.cli._analysis_common import (
     CausalOpt,
     DModelOpt,
-    LazyModel,
     NoScaleOpt,
     SeedOpt,
     ToyHeadsOpt,
     ToyLayersOpt,
-    capture_text,
     check_image_path,
     print_wide,
     view_suffix,
 )
+from attnviz.cli._app import app
 from attnviz.cli._common import (
     INPUT_PANEL,
     MODEL_PANEL,
     OUTPUT_PANEL,
     TOY_PANEL,
     VIEW_PANEL,
-    CaptureRequest,
+    CaptureOptions,
     CmapOpt,
     DpiOpt,
     ExcludeSpecialOpt,
@@ -47,8 +45,10 @@ from attnviz.cli._common import (
     VmaxOpt,
     WordsOpt,
     handle_errors,
+    session,
     stderr,
     stdout,
+    use_server,
     warn,
 )
 from attnviz.cli.core import TableFormat, _parse_head
@@ -76,31 +76,22 @@ COMPARE_HELP = "\n\n".join([
 ])
 
 
-def _side_request(base: dict[str, Any], text: str, model: str | None, causal: bool
-                  ) -> CaptureRequest:
-    return CaptureRequest(text=text, from_path=None, pair=None, model=model, causal=causal,
+def _side_options(base: dict[str, Any], text: str, model: str | None, causal: bool
+                  ) -> CaptureOptions:
+    return CaptureOptions(text=text, from_path=None, pair=None, model=model, causal=causal,
                           no_cache=False, **base)
 
 
 def _compare_captures(texts: tuple[str, str], models: tuple[str | None, str | None],
                       causal: tuple[bool, bool], base: dict[str, Any], layer: int,
                       head: int | str) -> tuple[Capture, Capture]:
-    from attnviz.cli._common import check_indices, read_text
-
-    for text, model, is_causal in zip(texts, models, causal):  # from the configs, before loading
-        check_indices(_side_request(base, text, model, is_causal), layer=layer,
-                      head=head if isinstance(head, int) else None)
-    loaders: dict[tuple[str, bool], LazyModel] = {}
-    captures = []
-    for text, model, is_causal in zip(texts, models, causal):
-        request = _side_request(base, text, model, is_causal)
-        key = (request.model_name, is_causal)
-        loader = loaders.setdefault(key, LazyModel(request))  # one load per distinct model
-        capture = capture_text(loader, read_text(text), None, None, None)
-        for message in capture.meta.get("warnings", []):
-            warn(escape(message))
-        captures.append(capture)
-    return captures[0], captures[1]
+    """Both sides' captures: every side's --layer/--head checked against its model's config
+    before the first model loads."""
+    cap_a, cap_b = session().run_each([
+        _side_options(base, text, model, is_causal).request(
+            layer=layer, head=head if isinstance(head, int) else None)
+        for text, model, is_causal in zip(texts, models, causal)])
+    return cap_a, cap_b
 
 
 def _panels(comparison: Any, labels: tuple[str, str], tokens: str | None,
@@ -302,9 +293,10 @@ def compare_command(
         if model or model_a or model_b or vs_causal:
             raise UsageError("--model, --model-a, --model-b and --vs-causal cannot be used with "
                              "--from: the captures already say which model made them")
-        from attnviz.capture import load_capture
+        from attnviz.request import CaptureRequest
 
-        cap_a, cap_b = load_capture(paths[0]), load_capture(paths[1])
+        use_server(None)  # saved captures are read here, whatever --server says
+        cap_a, cap_b = session().run_each([CaptureRequest(from_path=path) for path in paths])
         label_a, label_b = f"A: {cap_a.model} ({paths[0]})", f"B: {cap_b.model} ({paths[1]})"
     else:
         if text_a is None:
@@ -328,8 +320,8 @@ def compare_command(
             models = (model_a or model, model_b or model)
             masks = (causal, causal)
         second = text_b if text_b is not None else text_a
-        same_model = (_side_request(base, text_a, models[0], masks[0]).model_name
-                      == _side_request(base, second, models[1], masks[1]).model_name)
+        same_model = (_side_options(base, text_a, models[0], masks[0]).model_name
+                      == _side_options(base, second, models[1], masks[1]).model_name)
         if text_b is None and same_model and masks[0] == masks[1]:
             raise UsageError("nothing to compare: both sides are the same text in the same model",
                              "give a TEXT_B, --model-a and --model-b, or --model toy "

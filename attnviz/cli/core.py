@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from attnviz.cli import app
 from attnviz.cli._analysis_common import view_suffix
+from attnviz.cli._app import app
 from attnviz.cli._common import (
     OUTPUT_PANEL,
     VIEW_PANEL,
-    CaptureRequest,
+    CaptureOptions,
     CmapOpt,
     DpiOpt,
     ExcludeSpecialOpt,
@@ -29,9 +29,8 @@ from attnviz.cli._common import (
     VmaxOpt,
     WordsOpt,
     capture_options,
-    check_indices,
     handle_errors,
-    obtain_capture,
+    session,
     stdout,
     view_of,
     warn,
@@ -89,7 +88,7 @@ def _parse_head(head: str | None) -> int | str | None:
 @handle_errors
 @capture_options
 def heatmap(
-    request: CaptureRequest,
+    options: CaptureOptions,
     layer: Annotated[int | None, typer.Option(
         "--layer", "-l", rich_help_panel=VIEW_PANEL,
         help="Layer, 0-based; negative counts from the end. Alone: a grid of its heads.")] = None,
@@ -143,37 +142,33 @@ def heatmap(
     if out is not None and out.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise UsageError(f"cannot tell the image format of {out}",
                          "end the file name in .png, .svg or .pdf")
-    check_indices(request, layer=layer,  # from the model's config, before loading it
-                  head=head_choice if isinstance(head_choice, int) else None)
     from attnviz.render import heatmap as render
 
     render.check_cmap(cmap)
-    options = render.FigureOptions(cmap=cmap, scale=scale.value, gamma=gamma, vmax=vmax,
-                                   annot=annot, dpi=dpi, words=words,
-                                   exclude_special=exclude_special, tokens=tokens,
-                                   queries=queries, keys=keys)
-    options.colour_scale()  # a bad --vmax is reported before the slow parts
-    capture = obtain_capture(request)
-    if layer is not None:
-        capture.layer_position(layer)  # validate before the slow parts
-    if isinstance(head_choice, int):
-        capture.head_position(head_choice)
+    figure = render.FigureOptions(cmap=cmap, scale=scale.value, gamma=gamma, vmax=vmax,
+                                  annot=annot, dpi=dpi, words=words,
+                                  exclude_special=exclude_special, tokens=tokens,
+                                  queries=queries, keys=keys)
+    figure.colour_scale()  # a bad --vmax is reported before the slow parts
+    # --layer/--head are checked against the model's config before it loads, then the capture.
+    capture = session().run(options.request(
+        layer=layer, head=head_choice if isinstance(head_choice, int) else None))
     if layer is not None and head_choice is not None:
         from attnviz.selection import resolve_index
 
         shown_layer = resolve_index(layer, capture.num_layers, "layer")
         what = (f"L{shown_layer}_mean" if head_choice == "mean" else
                 f"L{shown_layer}_H{resolve_index(int(head_choice), capture.num_heads, 'head')}")
-        artists = render.capture_head_figure(capture, layer, head_choice, options=options)
+        artists = render.capture_head_figure(capture, layer, head_choice, options=figure)
         if annot and artists.layout is not None and artists.layout.dropped_values:
             warn(artists.layout.dropped_values)
         fig = artists.fig
     elif layer is not None:
         shown_layer = capture.layers[capture.layer_position(layer)]
-        fig = render.capture_grid_figure(capture, layer, options=options)
+        fig = render.capture_grid_figure(capture, layer, options=figure)
         what = f"L{shown_layer}_heads"
     else:
-        fig = render.capture_grid_figure(capture, None, options=options)
+        fig = render.capture_grid_figure(capture, None, options=figure)
         what = "overview"
     what += view_suffix(words=words, exclude_special=exclude_special, tokens=tokens,
                         queries=queries, keys=keys)
@@ -221,7 +216,7 @@ def format_topk(rows: list[dict[str, object]], fmt: TableFormat, k: int, title: 
 @handle_errors
 @capture_options
 def top_k_command(
-    request: CaptureRequest,
+    options: CaptureOptions,
     layer: Annotated[int, typer.Option("--layer", "-l", rich_help_panel=VIEW_PANEL,
                                        help="Layer, 0-based; negative counts from the end.")],
     head: Annotated[str, typer.Option(
@@ -248,12 +243,8 @@ def top_k_command(
     from attnviz.selection import resolve_index
 
     head_choice = _parse_head(head)
-    check_indices(request, layer=layer,  # from the model's config, before loading it
-                  head=head_choice if isinstance(head_choice, int) else None)
-    capture = obtain_capture(request)
-    capture.layer_position(layer)
-    if isinstance(head_choice, int):
-        capture.head_position(head_choice)
+    capture = session().run(options.request(
+        layer=layer, head=head_choice if isinstance(head_choice, int) else None))
     view = view_of(capture, exclude_special=exclude_special, words=words)
     k = min(k, view.num_tokens)  # past the number of keys, -k means every key
     shown_layer = resolve_index(layer, view.num_layers, "layer")
@@ -292,7 +283,7 @@ def top_k_command(
 @handle_errors
 @capture_options
 def dump(
-    request: CaptureRequest,
+    options: CaptureOptions,
     out: Annotated[Path, typer.Option(
         "--out", "-o", rich_help_panel=OUTPUT_PANEL,
         help="A folder (gets attention.npy + capture.json) or a .npy file (gets a .json "
@@ -319,34 +310,12 @@ def dump(
     capture bigger than memory can be dumped (and read back slice by slice with --from). A
     text already in the capture cache is written from there without loading the model.
     """
-    from attnviz.cli._common import (
-        check_text,
-        model_spec,
-        read_text,
-        session,
-        validate_request,
-        warn,
-    )
-    from attnviz.stream import write_capture
-
-    validate_request(request)
+    request = options.request(layers=layers, heads=heads)
     if out.suffix.lower() in _NOT_A_CAPTURE and not out.exists():
         raise UsageError(f"-o {out}: a capture is written as a folder (attention.npy and "
                          f"capture.json) or as NAME.npy beside NAME.json, not as "
                          f"a {out.suffix} file", f"use -o {out.with_suffix('')}/ or -o "
                          f"{out.with_suffix('.npy')}")
-    if request.from_path is not None:
-        capture = obtain_capture(request, layers=layers, heads=heads, mmap=True)
-        path = write_capture(capture, out, float16=float16)
-    else:
-        text = read_text(request.text or "")
-        if request.pair is not None:
-            check_text(request.pair, "the --pair text")
-        # From the capture cache when it holds this text (no model load), else streamed.
-        path, capture = session().dump(text, out, request.pair, model=model_spec(request),
-                                       layers=layers, heads=heads,
-                                       max_tokens=request.max_tokens, truncate=request.truncate,
-                                       float16=float16, use_cache=not request.no_cache)
-        for message in capture.meta.get("warnings", []):
-            warn(message)
+    # A text in the capture cache is written from there (no model load), else streamed.
+    path, _ = session().write(request, out, float16=float16)
     stdout.print(str(path.parent if path.name == "attention.npy" else path))

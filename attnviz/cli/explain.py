@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from attnviz.cli import app
 from attnviz.cli._analysis_common import (
     CausalOpt,
     DModelOpt,
@@ -23,6 +22,7 @@ from attnviz.cli._analysis_common import (
     ToyLayersOpt,
     print_wide,
 )
+from attnviz.cli._app import app
 from attnviz.cli._common import OUTPUT_PANEL, handle_errors, stdout
 
 if TYPE_CHECKING:

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from attnviz.cli import app
+from attnviz.cli._app import app
 from attnviz.cli._common import (
     _CAPTURE_PARAMS,
     INPUT_PANEL,
     OUTPUT_PANEL,
-    CaptureRequest,
+    CaptureOptions,
     CmapOpt,
     DpiOpt,
     ExcludeSpecialOpt,
@@ -33,7 +33,6 @@ from attnviz.cli._common import (
     VmaxOpt,
     WordsOpt,
     handle_errors,
-    model_spec,
     session,
     stderr,
     stdout,
@@ -67,12 +66,12 @@ def model_options(func: F) -> F:
     """Add the shared model options (``--model``, ``--dtype``, toy options, ...) to a command.
 
     Like :func:`~attnviz.cli._common.capture_options` without TEXT, ``--from`` and ``--pair``:
-    the command receives ``request: CaptureRequest`` with those left empty.
+    the command receives ``options: CaptureOptions`` with those left empty.
     """
     own_hints = typing.get_type_hints(func, include_extras=True)
     own = inspect.signature(func)
     own_params = [p.replace(annotation=own_hints.get(name, p.annotation))
-                  for name, p in own.parameters.items() if name != "request"]
+                  for name, p in own.parameters.items() if name != "options"]
     shared_specs = [spec for spec in _CAPTURE_PARAMS if spec[0] not in _NOT_SHARED]
     shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                 annotation=annotation)
@@ -88,13 +87,13 @@ def model_options(func: F) -> F:
         bound = inspect.Signature(params).bind(*args, **kwargs)
         bound.apply_defaults()
         values = dict(bound.arguments)
-        request = CaptureRequest(text=None, from_path=None, pair=None,
+        options = CaptureOptions(text=None, from_path=None, pair=None,
                                  **{k: values.pop(k) for k in list(values) if k in shared_names})
-        return func(request=request, **values)
+        return func(options=options, **values)
 
     wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     hints = {name: annotation for name, annotation, _ in shared_specs}
-    hints.update({k: v for k, v in own_hints.items() if k not in ("request", "return")})
+    hints.update({k: v for k, v in own_hints.items() if k not in ("options", "return")})
     wrapper.__annotations__ = hints
     return wrapper  # type: ignore[return-value]
 
@@ -238,7 +237,7 @@ def _all_is_none(selection: str | None) -> str | None:
 @handle_errors
 @model_options
 def export(
-    request: CaptureRequest,
+    options: CaptureOptions,
     texts: Annotated[list[str] | None, typer.Argument(
         metavar="TEXT", show_default=False,
         help="Texts to export (each its own folder). Use --input for many.")] = None,
@@ -346,16 +345,16 @@ def export(
     kinds = tuple(k.strip().lower() for k in figures.split(",") if k.strip())
     from attnviz.render.heatmap import parse_vmax
 
-    options = ExportOptions(fmt=fmt.value, dpi=dpi, cmap=cmap, layers=layers, heads=heads,
+    plan = ExportOptions(fmt=fmt.value, dpi=dpi, cmap=cmap, layers=layers, heads=heads,
                             words=words, exclude_special=exclude_special, annot=annot,
                             top_k=top_k, figures=kinds, jobs=jobs, force=force,
                             batch_size=batch_size, html=html, scale=scale.value, gamma=gamma,
                             vmax=parse_vmax(vmax), tokens=tokens, queries=queries, keys=keys)
-    options.check()
+    plan.check()
+    request = options.model_request(layers=_all_is_none(layers), heads=_all_is_none(heads))
     if text_list or input_file is not None:  # texts run the model: check it first, from its
         # config, so --layers 9 on a 6-layer model fails before the weights load
-        session().validate(model_spec(request), layers=_all_is_none(layers),
-                           heads=_all_is_none(heads))
+        session().check(request)
     lines = read_input(input_file) if input_file is not None else None  # opens it now
     counted = _count_texts(input_file) if input_file is not None else 0
     total = None if counted is None else len(text_list) + len(dump_list) + counted
@@ -365,15 +364,15 @@ def export(
         if ray is not None:
             from attnviz.engine.ray_export import export_items_ray
 
-            summary = export_items_ray(_items(text_list, dump_list, lines), out, options,
-                                       spec=model_spec(request), ray=ray,
+            summary = export_items_ray(_items(text_list, dump_list, lines), out, plan,
+                                       spec=request.spec, ray=ray,
                                        max_tokens=request.max_tokens, truncate=request.truncate,
-                                       use_cache=not request.no_cache, progress=progress,
+                                       use_cache=request.use_cache, progress=progress,
                                        note=progress.note)
         else:
-            summary = export_items(_items(text_list, dump_list, lines), out, options,
-                                   spec=model_spec(request), max_tokens=request.max_tokens,
-                                   truncate=request.truncate, use_cache=not request.no_cache,
+            summary = export_items(_items(text_list, dump_list, lines), out, plan,
+                                   spec=request.spec, max_tokens=request.max_tokens,
+                                   truncate=request.truncate, use_cache=request.use_cache,
                                    progress=progress, session=session())
     finally:
         stop = getattr(progress, "stop", None)

@@ -10,26 +10,21 @@ from __future__ import annotations
 import io
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import Annotated, Any, cast
 
 import typer
 from rich.markup import escape
 
-from attnviz.cli import app
-from attnviz.cli._analysis_common import (
-    LazyModel,
-    capture_text,
-    check_distinct_outputs,
-    check_image_path,
-)
+from attnviz.cli._analysis_common import check_distinct_outputs, check_image_path
+from attnviz.cli._app import app
 from attnviz.cli._common import (
     INPUT_PANEL,
     OUTPUT_PANEL,
     VIEW_PANEL,
-    CaptureRequest,
+    CaptureOptions,
     CmapOpt,
     DpiOpt,
     ExcludeSpecialOpt,
@@ -38,7 +33,7 @@ from attnviz.cli._common import (
     WordsOpt,
     capture_options,
     handle_errors,
-    obtain_capture,
+    session,
     stderr,
     stdout,
     view_of,
@@ -54,10 +49,7 @@ from attnviz.cli._engine import (
     ray_options,
 )
 from attnviz.cli.core import TableFormat
-from attnviz.errors import InputError, UsageError
-
-if TYPE_CHECKING:
-    from attnviz.capture import Capture
+from attnviz.errors import UsageError
 
 # Kept in step with attnviz.analysis.stats (not imported here: --help must stay light).
 _STATS = ("entropy", "entropy_nats", "distance", "max_weight", "self", "previous", "next",
@@ -293,7 +285,7 @@ def _print_head_tables(rows: list[dict[str, Any]], layer_rows: list[dict[str, An
 @handle_errors
 @capture_options
 def heads_command(
-    request: CaptureRequest,
+    options: CaptureOptions,
     input_file: Annotated[Path | None, typer.Option(
         "--input", "-i", rich_help_panel=INPUT_PANEL, metavar="FILE",
         help="A corpus: one text per line, or JSONL with \"text\" (and \"pair\"); '-' reads "
@@ -346,7 +338,6 @@ def heads_command(
 ) -> None:
     """Head statistics and pattern labels of a text, a capture or a corpus."""
     from attnviz.analysis.heads import head_report, measure_induction
-    from attnviz.cli._common import read_text
 
     sort_key = sort.value
     stat_key = stat.value
@@ -360,11 +351,10 @@ def heads_command(
     ray = ray_options(engine, ray_address, workers, gpus_per_worker, batch_size,
                       has_input=input_file is not None)
     ray_induction: list[Any] | None = None  # the induction test, when a Ray worker ran it
-    model: LazyModel | None = None
     if input_file is not None:
-        if request.text is not None or request.from_path is not None:
+        if options.text is not None or options.from_path is not None:
             raise UsageError("give --input FILE, TEXT or --from PATH, not several")
-        if request.pair is not None:
+        if options.pair is not None:
             raise UsageError("--pair cannot be used with --input",
                              "give pairs in a JSONL file: {\"text\": \"...\", \"pair\": \"...\"}")
         from attnviz.analysis.corpus import read_corpus
@@ -372,32 +362,10 @@ def heads_command(
         texts, skipped = read_corpus(input_file)
         if skipped:
             warn(f"skipped {skipped} blank line(s) or empty text(s) in {escape(str(input_file))}")
-    elif request.from_path is not None:
-        texts = []
-    else:
-        from attnviz.cli._common import validate_request
-
-        validate_request(request)
-        texts = [(read_text(request.text or ""), request.pair)]
-    if texts:
+        request = options.model_request(layers=layers, heads=heads)
         from rich.progress import Progress
 
-        from attnviz.analysis.corpus import CorpusText, corpus_stats
-        from attnviz.cli._common import check_text, model_spec, session
-
-        live = LazyModel(request)
-        model = live
-
-        def check(text: str, pair: str | None) -> None:
-            check_text(text)
-            if pair is not None:
-                check_text(pair, "the pair text")
-
-        def capture_all(corpus_texts: Sequence[CorpusText]) -> Iterator[Capture | InputError]:
-            return session().captures(corpus_texts, model=model_spec(request),
-                                      batch_size=batch_size, layers=layers, heads=heads,
-                                      max_tokens=request.max_tokens, truncate=request.truncate,
-                                      use_cache=not request.no_cache, check=check)
+        from attnviz.analysis.corpus import corpus_stats
 
         with Progress(console=stderr, transient=True,
                       disable=len(texts) < 2 or not stderr.is_terminal) as progress:
@@ -406,34 +374,36 @@ def heads_command(
                 from attnviz.engine.ray_heads import corpus_stats_ray
 
                 corpus, *ray_induction = corpus_stats_ray(
-                    texts, spec=model_spec(request), options=ray, layers=layers, heads=heads,
+                    texts, spec=request.spec, options=ray, layers=layers, heads=heads,
                     max_tokens=request.max_tokens, truncate=request.truncate,
-                    use_cache=not request.no_cache, words=words,
+                    use_cache=request.use_cache, words=words,
                     exclude_special=exclude_special, induction=induction,
                     warn=lambda message: warn(escape(message)),
                     advance=lambda count: progress.advance(task, count),
                     note=lambda message: stderr.print(message, markup=False, style="dim"))
             else:
                 corpus = corpus_stats(
-                    texts, lambda text, pair: capture_text(live, text, pair, layers, heads),
+                    texts, capture_all=lambda chunk: session().run_texts(
+                        request, chunk, batch_size=batch_size),
                     words=words, exclude_special=exclude_special,
                     warn=lambda message: warn(escape(message)),
-                    advance=lambda: progress.advance(task),
-                    capture_all=(capture_all if input_file is not None and batch_size > 1
-                                 else None))
+                    advance=lambda: progress.advance(task))
         if corpus.failed:
             warn(f"{corpus.failed} text(s) could not be used and were skipped")
         sums, view = corpus.sums, corpus.view
     else:
         from attnviz.analysis.stats import stat_sums
 
-        capture = obtain_capture(request, layers=layers, heads=heads)
+        request = options.request(layers=layers, heads=heads)
+        capture = session().run(request)
         view = view_of(capture, exclude_special=exclude_special, words=words)
         sums = stat_sums(view)
+    live = request.from_path is None  # the induction test needs the model, not a saved capture
     if ray_induction is not None:
         scores, induction_info = ray_induction
     else:
-        scores, induction_info = measure_induction(model, view, induction)
+        scores, induction_info = measure_induction(
+            (lambda: session().source(request.model)) if live else None, view, induction)
     if sort_key == "induction" and scores is None:
         raise UsageError("--sort induction needs the induction test",
                          "run on a live causal model, or add --induction")

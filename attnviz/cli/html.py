@@ -10,25 +10,24 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnviz.cli import app
+from attnviz.cli._app import app
 from attnviz.cli._common import (
     INPUT_PANEL,
     OUTPUT_PANEL,
     VIEW_PANEL,
-    CaptureRequest,
+    CaptureOptions,
     ExcludeSpecialOpt,
     HeadsOpt,
     LayersOpt,
     WordsOpt,
     capture_options,
-    check_text,
     handle_errors,
-    obtain_capture,
+    session,
     stdout,
-    validate_request,
     warn,
 )
 from attnviz.errors import InputError, UsageError
+from attnviz.request import check_text
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
@@ -100,18 +99,19 @@ def read_input_file(path: Path) -> tuple[list[InputText], int]:
     return texts, blank
 
 
-def _captures_from_file(request: CaptureRequest, path: Path, layers: str | None,
+def _captures_from_file(options: CaptureOptions, path: Path, layers: str | None,
                         heads: str | None) -> list[Capture]:
     """One capture per text of an ``--input`` file, through the CLI session: from the capture
     cache when it holds the text, else from the model (loaded once)."""
-    from attnviz.cli._common import capture_for
-
     texts, blank = read_input_file(path)
     if blank:
         warn(f"skipped {blank} blank line{'s' if blank != 1 else ''} in {path}")
+    request = options.model_request(layers=layers, heads=heads)
     captures = []
-    for item in texts:
-        capture = capture_for(request, item.text, item.pair, layers=layers, heads=heads)
+    for item, capture in zip(texts, session().run_texts(
+            request, [(item.text, item.pair) for item in texts])):
+        if isinstance(capture, InputError):
+            raise capture
         for message in capture.meta.get("warnings", []):
             warn(f"line {item.line}: {message}")
         captures.append(capture)
@@ -134,7 +134,7 @@ def _default_output(captures: list[Capture], input_file: Path | None) -> Path:
 @handle_errors
 @capture_options
 def html_command(
-    request: CaptureRequest,
+    options: CaptureOptions,
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", rich_help_panel=OUTPUT_PANEL,
         help="Report file (.html). Default: a name derived from the text.")] = None,
@@ -176,16 +176,15 @@ def html_command(
     if out is not None and out.suffix.lower() not in (".html", ".htm"):
         raise UsageError(f"{out} does not end in .html", "name the report e.g. -o report.html")
     if input_file is not None:
-        if request.text is not None or request.from_path is not None:
+        if options.text is not None or options.from_path is not None:
             raise UsageError("--input cannot be combined with TEXT or --from",
                              "put every text in the --input file, one per line")
-        if request.pair is not None:
+        if options.pair is not None:
             raise UsageError("--pair cannot be used with --input",
                              "give pairs as JSONL lines: {\"text\": \"...\", \"pair\": \"...\"}")
-        captures = _captures_from_file(request, input_file, layers, heads)
+        captures = _captures_from_file(options, input_file, layers, heads)
     else:
-        validate_request(request)
-        captures = [obtain_capture(request, layers=layers, heads=heads)]
+        captures = [session().run(options.request(layers=layers, heads=heads))]
     from attnviz.render.html import write_report
 
     path = write_report(captures, out or _default_output(captures, input_file), title=title,

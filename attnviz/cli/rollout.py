@@ -13,20 +13,19 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnviz.cli import app
 from attnviz.cli._analysis_common import check_distinct_outputs, check_image_path
+from attnviz.cli._app import app
 from attnviz.cli._common import (
     OUTPUT_PANEL,
     VIEW_PANEL,
-    CaptureRequest,
+    CaptureOptions,
     CmapOpt,
     DpiOpt,
     ExcludeSpecialOpt,
     WordsOpt,
     capture_options,
-    check_indices,
     handle_errors,
-    obtain_capture,
+    session,
     stdout,
     view_of,
     warn,
@@ -89,7 +88,7 @@ def _default_path(capture: Capture) -> Path:
 @handle_errors
 @capture_options
 def rollout_command(
-    request: CaptureRequest,
+    options: CaptureOptions,
     head_fusion: Annotated[HeadFusionChoice, typer.Option(
         "--head-fusion", rich_help_panel=VIEW_PANEL,
         help="How to combine the heads of a layer: mean (Abnar and Zuidema), max or min.")
@@ -128,18 +127,13 @@ def rollout_command(
     if npy is not None and npy.suffix.lower() != ".npy":
         raise UsageError(f"--npy {npy} must end in .npy")
     check_distinct_outputs(out=out, bar=bar)  # before any work; the defaults again below
-    try:
-        check_indices(request, layer=start_layer)  # from the model's config, before loading it
-    except UsageError as error:
-        if not error.message.startswith("layer "):
-            raise
-        raise UsageError(f"--start-layer: {error.message}", error.hint) from None
     from attnviz.analysis.rollout import rollout_view, save_matrix
     from attnviz.render import analysis as figures
     from attnviz.render.heatmap import check_cmap, save_figure
 
     check_cmap(cmap)
-    capture = obtain_capture(request)
+    # --start-layer is checked against the model's config before it loads.
+    capture = session().run(options.request(start_layer=start_layer))
     view = view_of(capture, exclude_special=exclude_special, words=words)
     result = rollout_view(view, head_fusion.value, start_layer, token)
     out_path = out or _default_path(capture)

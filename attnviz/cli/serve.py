@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnviz.cli import app
+from attnviz.cli._app import app
 from attnviz.cli._common import MODEL_PANEL, OUTPUT_PANEL, handle_errors, stdout, warn
 from attnviz.errors import AttnvizError, UsageError
 
