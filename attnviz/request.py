@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from attnviz.checks import check_text  # noqa: F401 - re-exported
 from attnviz.errors import InputError, UsageError
 
 if TYPE_CHECKING:
@@ -125,23 +126,6 @@ class CaptureRequest:
 
 
 # --------------------------------------------------------------------------- text
-def check_text(text: str, what: str = "the text") -> None:
-    """Raise :class:`InputError` for text a model cannot use (empty, NUL, not UTF-8)."""
-    if not isinstance(text, str):
-        raise InputError(f"{what} must be a string, not {type(text).__name__}")
-    if not text.strip():
-        raise InputError(f"{what} is empty", "give a sentence, e.g. "
-                         "attnviz heatmap \"The cat sat on the mat\"")
-    if "\x00" in text:
-        raise InputError(f"{what} contains a NUL character (\\x00)",
-                         "remove control characters from the text")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:  # undecodable bytes in argv arrive as lone surrogates
-        raise InputError(f"{what} is not valid UTF-8 (character {exc.start})",
-                         "pass UTF-8 text, or pipe a UTF-8 file in with TEXT -") from None
-
-
 # --------------------------------------------------------------------------- standard input
 def max_input_bytes() -> int:
     """The most bytes one text may have on standard input: ``$ATTNVIZ_MAX_INPUT_MB`` (16 MB).

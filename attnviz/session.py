@@ -27,11 +27,18 @@ import dataclasses
 import functools
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from attnviz.checks import (  # noqa: F401 - re-exported for callers of the session
+    _check_max_tokens,
+    _checked_request,
+    _resolve,
+    _selection_text,
+    _selections,
+    check_text,
+)
 from attnviz.errors import AttnvizError, InputError, UsageError
-from attnviz.request import check_text
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -99,70 +106,6 @@ def _toy_config(value: Any) -> Any:
 def spec_key(spec: ModelSpec) -> str:
     """A stable text key of a model spec (the session's LRU key)."""
     return json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str)
-
-
-def _selection_text(selection: Selection, what: str = "layer") -> str | None:
-    """Selections travel as text (``"0,2-4"``) so cache keys stay the same everywhere.
-
-    Raises:
-        UsageError: not a selection string, an index or a list of indices.
-    """
-    import numbers
-
-    if selection is None or isinstance(selection, str):
-        return selection
-    example = f"e.g. {what}s=\"0,2-4\", {what}s=-1 or {what}s=[0, 3]"
-    if isinstance(selection, numbers.Integral) and not isinstance(selection, bool):
-        return str(int(selection))
-    if isinstance(selection, (bool, bytes, dict)) or not isinstance(selection, Iterable):
-        raise UsageError(f"{what}s must be a selection such as \"0,2-4\", an index or a list "
-                         f"of indices, not {type(selection).__name__}", example)
-    items = list(selection)
-    for item in items:
-        if isinstance(item, bool) or not isinstance(item, numbers.Integral):
-            raise UsageError(f"{what}s must hold whole numbers ({what} indices), not "
-                             f"{item!r:.40}", example)
-    if not items:
-        raise UsageError(f"{what}s=[] selects no {what}", f"leave {what}s out (None) to keep "
-                         f"every {what}, or {example[5:]}")
-    return ",".join(str(int(i)) for i in items)
-
-
-def _check_max_tokens(max_tokens: int | None) -> None:
-    if max_tokens is None:
-        return
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise UsageError(f"max_tokens must be a whole number of at least 1, not "
-                         f"{max_tokens!r:.40}", "or None for the model's own limit")
-
-
-def _selections(layers: Selection, heads: Selection) -> tuple[str | None, str | None]:
-    return _selection_text(layers, "layer"), _selection_text(heads, "head")
-
-
-def _checked_request(text: str, pair: str | None, layers: Selection, heads: Selection,
-                    max_tokens: int | None) -> tuple[str | None, str | None]:
-    """Check a capture request before anything runs; the layer and head selections as text.
-
-    Raises:
-        InputError: an empty or unusable text or pair.
-        UsageError: a malformed selection or ``max_tokens``.
-    """
-    check_text(text)
-    if pair is not None:
-        check_text(pair, "the pair text")
-    layer_text, head_text = _selections(layers, heads)
-    _check_max_tokens(max_tokens)
-    return layer_text, head_text
-
-
-def _resolve(source: AttentionSource, layers: str | None, heads: str | None
-             ) -> tuple[list[int] | None, list[int] | None]:
-    """The model indices of checked selection texts (``None``: all) on a loaded model."""
-    from attnviz.selection import parse_selection
-
-    return (parse_selection(layers, source.num_layers, "layer") if layers else None,
-            parse_selection(heads, source.num_heads, "head") if heads else None)
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -630,7 +573,7 @@ class Session:
         ``texts`` is a list of strings and/or ``(text, pair)`` tuples.
 
         Cached texts come from the cache; the others run ``batch_size`` at a time (see
-        :func:`attnviz.analysis.corpus.capture_batches`).
+        :func:`attnviz.batches.capture_batches`).
         """
         from attnviz.errors import named_for_python
 
@@ -648,7 +591,7 @@ class Session:
                   use_cache: bool | None, write_cache: bool,
                   check: Callable[[str, str | None], None] | None
                   ) -> Iterator[Capture | InputError]:
-        from attnviz.analysis.corpus import capture_batches
+        from attnviz.batches import capture_batches
 
         spec = make_spec(model)
         texts = _text_pairs(texts)

@@ -19,6 +19,22 @@ MAX_LINES = 800
 # Deliberate exceptions to MAX_LINES, each with its reason. Empty: keep it that way if you can.
 LONG_MODULES: dict[str, str] = {}
 
+# The floors of docs/architecture.md, bottom to top: a module imports only from its own floor or
+# below (the longest matching prefix names a module's floor).
+FLOORS: dict[str, int] = {
+    "attnviz.errors": 0, "attnviz._version": 0, "attnviz.selection": 0, "attnviz.inputs": 0,
+    "attnviz.csvtext": 0, "attnviz.checks": 0,
+    "attnviz.fileio": 1,
+    "attnviz.capture": 2, "attnviz.capture_format": 2, "attnviz.capture_build": 2,
+    "attnviz.models": 3, "attnviz.analysis": 3, "attnviz.measures": 3, "attnviz.long": 3,
+    "attnviz.render": 4,
+    "attnviz.cache": 5, "attnviz.stream": 5, "attnviz.request": 5, "attnviz.batches": 5,
+    "attnviz.session": 5,
+    "attnviz.export": 6, "attnviz.notebook": 6, "attnviz.server": 6, "attnviz.engine": 6,
+    "attnviz.cli": 7, "attnviz.__main__": 7,
+    "attnviz": 8,
+}
+
 # The capture record sits low: it may import only these (and its own helper modules).
 CAPTURE_MAY_IMPORT = {"attnviz.errors", "attnviz.selection", "attnviz.fileio", "attnviz.inputs",
                       "attnviz._version"}
@@ -140,6 +156,27 @@ def test_no_module_imports_the_package_root() -> None:
     importers = sorted(name for name, deps in import_graph().items()
                        if "attnviz" in deps and name != "attnviz")
     assert not importers, f"modules importing the package root: {importers}"
+
+
+def floor_of(module: str) -> int | None:
+    parts = module.split(".")
+    while parts:
+        if ".".join(parts) in FLOORS:
+            return FLOORS[".".join(parts)]
+        parts.pop()
+    return None
+
+
+def test_every_module_has_a_floor() -> None:
+    missing = sorted(name for name in _modules() if floor_of(name) is None)
+    assert not missing, f"give these modules a floor in FLOORS and docs/architecture.md: {missing}"
+
+
+def test_imports_flow_down() -> None:
+    upward = sorted(f"{name} (floor {floor_of(name)}) imports {dep} (floor {floor_of(dep)})"
+                    for name, deps in import_graph().items() for dep in deps
+                    if (floor_of(dep) or 0) > (floor_of(name) or 0))
+    assert not upward, "imports that run up the floors:\n" + "\n".join(upward)
 
 
 def test_capture_record_imports_nothing_above_it() -> None:

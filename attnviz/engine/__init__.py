@@ -19,11 +19,11 @@ import math
 from dataclasses import dataclass
 from types import ModuleType
 
+from attnviz.batches import MAX_BATCH_SIZE  # texts per forward pass (and per Ray task)
 from attnviz.errors import AttnvizError, UsageError
 
 ENGINES: tuple[str, ...] = ("local", "ray")
 MAX_WORKERS = 1024  # Ray workers (actors) of one run
-MAX_BATCH_SIZE = 1024  # texts per forward pass (and per Ray task)
 MAX_GPUS_PER_WORKER = 8  # GPUs one worker may hold (fractions allowed below 1)
 INSTALL_RAY = 'pip install "attnviz[ray]"'
 

@@ -281,7 +281,7 @@ def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
         InputError: the text is empty or too long (with ``truncate=False``).
         ModelLoadError: the model cannot give attention weights (e.g. a fused kernel only).
     """
-    from attnviz.session import _checked_request, _resolve
+    from attnviz.checks import _checked_request, _resolve
 
     # Texts, selections (floats, booleans, strings in lists, [] refused) and max_tokens.
     layer_text, head_text = _checked_request(text, pair, layers, heads, max_tokens)
