@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
 from string import Template
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.applications import Starlette
@@ -50,13 +50,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from attnviz.errors import AttnvizError, UsageError
 from attnviz.server.engine import (
-    WEIGHT_FORMATS,
-    ApiError,
     Engine,
     ExplainParams,
-    Fields,
     Limits,
-    TopkParams,
     capture_payload,
     capture_zip,
     encode_float32,
@@ -64,10 +60,24 @@ from attnviz.server.engine import (
     topk_csv,
     topk_payload,
 )
+from attnviz.server.requests import (
+    ApiError,
+    CaptureRequest,
+    ExplainRequest,
+    InductionRequest,
+    ModelRequest,
+    TopkRequest,
+    WeightsRequest,
+    parse,
+)
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from attnviz.models import ModelSpec
     from attnviz.session import Session
+
+    _Model = TypeVar("_Model", bound=BaseModel)
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
@@ -143,8 +153,8 @@ def _endpoint(handler: Handler) -> Handler:
     return wrapped
 
 
-async def read_fields(request: Request, limits: Limits) -> Fields:
-    """The JSON object of a POST body, read up to ``limits.max_body_bytes``."""
+async def read_request(request: Request, model: type[_Model], limits: Limits) -> _Model:
+    """The POST body, read up to ``limits.max_body_bytes``, as the route's request model."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/json":
         raise ApiError(415, "send the request body as JSON with Content-Type: application/json",
@@ -178,7 +188,7 @@ async def read_fields(request: Request, limits: Limits) -> Fields:
                            "send numbers such as 5 or -1") from None
         raise ApiError(400, f"the request body is not valid JSON: {exc}"[:300],
                        'send e.g. {"text": "The cat sat on the mat"}') from None
-    return Fields(data)
+    return parse(model, data, max_chars=limits.max_chars, max_k=limits.max_k)
 
 
 # --------------------------------------------------------------------------- guard
@@ -490,49 +500,43 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         return _json(await run_in_threadpool(engine.models_payload))
 
     async def model_info(request: Request) -> Response:
-        fields = await read_fields(request, engine.limits)
-        spec = engine.spec(fields)
-        fields.done()
+        body = await read_request(request, ModelRequest, engine.limits)
+        spec = engine.spec(body.model, body.toy)
         from attnviz.session import spec_key
 
         return _json(await runner.run(spec_key(spec), lambda: engine.describe(spec), spec))
 
     async def capture(request: Request) -> Response:
-        fields = await read_fields(request, engine.limits)
-        params = engine.capture_params(fields)
-        weights = fields.choice("weights", WEIGHT_FORMATS, "q8")
-        stats = fields.flag("stats", False)
-        fields.done()
+        body = await read_request(request, WeightsRequest, engine.limits)
+        params = engine.capture_params(body)
 
         def work() -> bytes:
-            payload = capture_payload(engine.capture(params), weights=weights, stats=stats)
+            payload = capture_payload(engine.capture(params), weights=body.weights,
+                                      stats=body.stats)
             return json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
 
-        body = await runner.run(params.model_key, work, params.spec)
-        return Response(body, media_type="application/json")
+        answer = await runner.run(params.model_key, work, params.spec)
+        return Response(answer, media_type="application/json")
 
     async def capture_download(request: Request) -> Response:
-        fields = await read_fields(request, engine.limits)
-        params = engine.capture_params(fields)
-        fields.done()
-        body = await runner.run(params.model_key,
-                                lambda: capture_zip(engine.capture(params)), params.spec)
+        params = engine.capture_params(await read_request(request, CaptureRequest,
+                                                          engine.limits))
+        answer = await runner.run(params.model_key,
+                                  lambda: capture_zip(engine.capture(params)), params.spec)
         name = _file_name("attnviz_capture", params.spec.name, params.text) + ".zip"
-        return Response(body, media_type="application/zip",
+        return Response(answer, media_type="application/zip",
                         headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
     async def topk(request: Request) -> Response:
-        fields = await read_fields(request, engine.limits)
-        params = engine.capture_params(fields)
-        what = TopkParams.read(fields, engine.limits.max_k)
-        fields.done()
-        if what.fmt == "csv" and what.query is not None:
+        body = await read_request(request, TopkRequest, engine.limits)
+        params = engine.capture_params(body)
+        if body.format == "csv" and body.query is not None:
             raise ApiError(422, "'query' and format csv do not go together",
                            "leave out 'query' for the CSV of every query")
         payload = await runner.run(params.model_key,
-                                   lambda: topk_payload(engine.capture(params), what),
+                                   lambda: topk_payload(engine.capture(params), body),
                                    params.spec)
-        if what.fmt == "csv":
+        if body.format == "csv":
             name = _file_name("attnviz_topk", params.spec.name, params.text,
                               f"L{payload['layer']}_H{payload['head']}") + ".csv"
             return Response(topk_csv(payload), media_type="text/csv; charset=utf-8",
@@ -540,19 +544,17 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         return _json(payload)
 
     async def induction(request: Request) -> Response:
-        fields = await read_fields(request, engine.limits)
-        spec = engine.spec(fields)
-        ids = fields.integers("ids", 8192)
-        fields.done()
+        body = await read_request(request, InductionRequest, engine.limits)
+        spec = engine.spec(body.model, body.toy)
         from attnviz.session import spec_key
 
-        weights = await runner.run(spec_key(spec), lambda: engine.induction(spec, ids), spec)
+        weights = await runner.run(spec_key(spec), lambda: engine.induction(spec, body.ids),
+                                   spec)
         return _json({"weights": encode_float32(weights)})
 
     async def explain(request: Request) -> Response:
-        fields = await read_fields(request, engine.limits)
-        params = ExplainParams.read(fields, engine)
-        fields.done()
+        params = ExplainParams.read(await read_request(request, ExplainRequest, engine.limits),
+                                    engine)
         return _json(await runner.run("explain", lambda: explain_payload(params)))
 
     async def not_found(request: Request, exc: Exception) -> Response:
