@@ -1,0 +1,92 @@
+"""The live server and its ``--server`` client under stress: locks, bounds, deadlines, hostile
+answers and a clean stop.
+
+Every server here binds 127.0.0.1 only; fake servers answer a bounded number of requests and
+every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import attnviz.models as models
+from attnviz.models import ModelSpec
+from attnviz.models.toy import ToyConfig, ToySource
+from attnviz.session import Session
+
+SENTENCE = "The cat sat on the mat"
+BASE = "http://127.0.0.1:8000"
+
+
+def _wait_for(condition: Any, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------- session locks
+class _Watched:
+    """A loaded toy model that counts forward passes running on it at the same time."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.active = 0
+        self.overlaps = 0
+        self.holding = threading.Event()  # a "hold" capture is running
+        self.release = threading.Event()  # ... until this is set
+        self._count = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def capture(self, text: str, *args: Any, **kwargs: Any) -> Any:
+        with self._count:
+            self.active += 1
+            self.overlaps += self.active > 1
+        try:
+            if text == "hold":
+                self.holding.set()
+                assert self.release.wait(10), "the test never released the capture"
+            return self._real.capture(text, *args, **kwargs)
+        finally:
+            with self._count:
+                self.active -= 1
+
+
+def test_captures_take_the_current_lock_after_a_reload(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """One thread evicts and reloads the model (max_models=1) between two passes of another
+    thread's captures(): the second pass must wait for the reloaded model's lock."""
+    loaded: list[_Watched] = []
+    real = models.load_source
+
+    def load(spec: Any = None) -> Any:
+        loaded.append(_Watched(real(spec)))
+        return loaded[-1]
+
+    monkeypatch.setattr(models, "load_source", load)
+    session = Session(use_cache=False, max_models=1)
+    model = ModelSpec(name="toy", toy=ToyConfig(heads=2))
+    other = ModelSpec(name="toy", toy=ToyConfig(heads=2, seed=1))
+    passes = session.captures(["one two", "three four"], model=model, batch_size=1)
+    first = next(passes)  # the first pass, on the first load of the model
+    session.capture("evict it", model=other)  # max_models=1: the model is dropped
+    box: dict[str, Any] = {}
+    holder = threading.Thread(target=lambda: box.update(
+        held=session.capture("hold", model=model)), daemon=True)
+    holder.start()  # reloads the model and holds a forward pass on it
+    _wait_for(lambda: len(loaded) == 3 and loaded[2].holding.is_set())
+    threading.Timer(0.5, loaded[2].release.set).start()
+    second = next(passes)  # must wait for the holder: same model object, its current lock
+    holder.join(10)
+    assert [w.overlaps for w in loaded] == [0, 0, 0]
+    assert list(passes) == []
+    reference = ToySource(ToyConfig(heads=2), device="cpu")
+    for capture, text in ((first, "one two"), (second, "three four"), (box["held"], "hold")):
+        np.testing.assert_array_equal(capture.weights, reference.capture(text).weights)
