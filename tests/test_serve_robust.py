@@ -90,3 +90,37 @@ def test_captures_take_the_current_lock_after_a_reload(monkeypatch: pytest.Monke
     reference = ToySource(ToyConfig(heads=2), device="cpu")
     for capture, text in ((first, "one two"), (second, "three four"), (box["held"], "hold")):
         np.testing.assert_array_equal(capture.weights, reference.capture(text).weights)
+
+
+# --------------------------------------------------------------------------- server bounds
+def test_induction_runners_are_bounded_like_the_models() -> None:
+    """Each toy setting a request names has its own model and induction runner: the runners
+    must not keep models the session has dropped (12 settings grew a server ~577 MB)."""
+    import gc
+    import weakref
+
+    from starlette.testclient import TestClient
+
+    from attnviz.server.app import create_app
+    from attnviz.server.requests import ToyRequest
+
+    app = create_app(["toy"])
+    engine = app.state.engine
+    client = TestClient(app, base_url=BASE)
+    watched = []
+    for seed in range(12):
+        answer = client.post("/api/model", json={"model": "toy", "toy": {"seed": seed}})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["induction"]["vocab_size"] > 0
+        spec = engine.spec("toy", ToyRequest(seed=seed))
+        watched.append(weakref.ref(engine.session.source(spec)))
+    limit = engine.session.max_models
+    assert 1 <= len(engine._runners) <= limit < 12
+    gc.collect()
+    alive = [ref() is not None for ref in watched]
+    assert sum(alive) <= limit and not any(alive[:12 - limit])  # the oldest are freed
+    # A runner still answers for a model that was dropped and loaded again.
+    scores = client.post("/api/induction", json={"model": "toy", "toy": {"seed": 0},
+                                                 "ids": [1, 2, 3, 1, 2, 3]})
+    assert scores.status_code == 200, scores.text
+    assert len(engine._runners) <= limit

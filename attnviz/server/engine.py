@@ -169,7 +169,11 @@ class Engine:
         self.dtype = dtype
         self.captures = CaptureCache(self.limits.cache_mb << 20)
         self.load_errors: dict[str, str] = {}
-        self._runners: dict[str, tuple[Any, Any, list[int], int | None]] = {}
+        # Induction runners by model key, with the loaded model each was made for (see
+        # _induction_runner): at most as many as the session keeps models.
+        self._runners: collections.OrderedDict[
+            str, tuple[Any, tuple[Any, Any, list[int], int | None]]] = collections.OrderedDict()
+        self._runners_lock = threading.Lock()
         self._pending: collections.Counter[str] = collections.Counter()
         self._pending_lock = threading.Lock()
         self.max_pending = max(4, 4 * (self.limits.queue + 1))  # all models together
@@ -229,14 +233,32 @@ class Engine:
         return info
 
     def _induction_runner(self, spec: ModelSpec) -> tuple[Any, Any, list[int], int | None]:
+        """The induction test's runner of a model, kept while the session keeps the model.
+
+        A runner holds its model: the runners of models the session has dropped go too, so
+        the toy settings requests name cannot pile up models in memory.
+        """
         from attnviz.analysis.induction import _runner
         from attnviz.session import spec_key
 
         key = spec_key(spec)
-        runner = self._runners.get(key)
-        if runner is None:
-            run, vocab, prefix, max_tokens = _runner(self._source(spec))
-            runner = self._runners[key] = (run, vocab, [int(i) for i in prefix], max_tokens)
+        source = self._source(spec)
+        with self._runners_lock:
+            kept = self._runners.get(key)
+            if kept is not None and kept[0] is source:
+                self._runners.move_to_end(key)
+                return kept[1]
+        run, vocab, prefix, max_tokens = _runner(source)
+        runner = (run, vocab, [int(i) for i in prefix], max_tokens)
+        with self._runners_lock:
+            self._runners[key] = (source, runner)
+            self._runners.move_to_end(key)
+            warm = self.session._models  # the session's loaded models, by key
+            for old in [k for k, (s, _) in self._runners.items() if warm.get(k) is not s]:
+                if old != key:
+                    del self._runners[old]
+            while len(self._runners) > self.session.max_models:
+                self._runners.popitem(last=False)
         return runner
 
     def induction(self, spec: ModelSpec, ids: list[int]) -> Any:
