@@ -124,3 +124,46 @@ def test_induction_runners_are_bounded_like_the_models() -> None:
                                                  "ids": [1, 2, 3, 1, 2, 3]})
     assert scores.status_code == 200, scores.text
     assert len(engine._runners) <= limit
+
+
+def test_a_capture_over_the_weights_limit_is_refused_before_the_forward_pass(
+        patched_minilm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from starlette.testclient import TestClient
+
+    from attnviz.models.toy import ToyModel
+    from attnviz.server.app import create_app
+    from attnviz.server.engine import Limits
+
+    forwards = {"minilm": 0, "toy": 0}
+    toy_forward = ToyModel.forward
+
+    def counted(self: Any, x: Any) -> Any:
+        forwards["toy"] += 1
+        return toy_forward(self, x)
+
+    monkeypatch.setattr(ToyModel, "forward", counted)
+    hook = patched_minilm.model.register_forward_pre_hook(
+        lambda module, args: forwards.__setitem__("minilm", forwards["minilm"] + 1))
+    try:
+        client = TestClient(create_app(["minilm", "toy"], limits=Limits(max_weights=1000)),
+                            base_url=BASE)
+        # MiniLM: 6 layers x 12 heads x 8 x 8 tokens = 4,608 weights.
+        refused = client.post("/api/capture", json={"text": SENTENCE})
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["message"] == (
+            "the capture of 8 tokens holds 4,608 weights (6 layers x 12 heads), more than "
+            "this server sends (1,000)")
+        words = " ".join(f"w{i}" for i in range(30))  # toy: 1 layer x 2 heads x 30 x 30
+        toy = client.post("/api/capture", json={"text": words, "model": "toy"})
+        assert toy.status_code == 422 and "1,800 weights" in toy.json()["error"]["message"]
+        assert forwards == {"minilm": 0, "toy": 0}
+        # What fits runs as before (the counters see forward passes).
+        kept = client.post("/api/capture", json={"text": SENTENCE, "layers": "0-1",
+                                                 "heads": [0, 5, 7], "weights": "float32"})
+        assert kept.status_code == 200 and kept.json()["shape"] == [2, 3, 8, 8]
+        small = client.post("/api/capture", json={"text": words, "model": "toy",
+                                                  "max_tokens": 20})
+        assert small.status_code == 200, small.text
+        assert forwards == {"minilm": 1, "toy": 1}
+    finally:
+        hook.remove()

@@ -374,20 +374,60 @@ class Engine:
         check_text(params.text)
         if params.pair is not None:
             check_text(params.pair, "the pair text")
-        self._source(params.spec)  # load errors are remembered for /api/models
+        source = self._source(params.spec)  # load errors are remembered for /api/models
+        # Refused before the forward pass when the size is known from the tokens: a capture of
+        # 512 tokens on every head of a big model takes gigabytes only to be thrown away.
+        self._check_size(source, params)
         capture = self.session.capture(params.text, params.pair, model=params.spec,
                                        layers=params.layers, heads=params.heads,
                                        max_tokens=params.max_tokens, truncate=params.truncate,
                                        use_cache=False)
-        size = math.prod(capture.weights.shape)
-        if size > self.limits.max_weights:
-            shape = capture.weights.shape
-            raise ApiError(422, f"the capture of {capture.num_tokens} tokens holds {size:,} "
-                                f"weights ({shape[0]} layers x {shape[1]} heads), more than "
-                                f"this server sends ({self.limits.max_weights:,})",
-                           "select fewer layers or heads, or fewer tokens with max_tokens")
+        shape = capture.weights.shape
+        self._refuse_size(capture.num_tokens, shape[0], shape[1])
         self.captures.put(key, capture)
         return capture
+
+    def _refuse_size(self, tokens: int, layers: int, heads: int) -> None:
+        size = layers * heads * tokens * tokens
+        if size > self.limits.max_weights:
+            raise ApiError(422, f"the capture of {tokens} tokens holds {size:,} weights "
+                                f"({layers} layers x {heads} heads), more than this server "
+                                f"sends ({self.limits.max_weights:,})",
+                           "select fewer layers or heads, or fewer tokens with max_tokens")
+
+    def _check_size(self, source: Any, params: CaptureParams) -> None:
+        """Refuse a capture that will hold more than ``max_weights``, before it runs."""
+        from attnviz.session import _resolve
+
+        layers, heads = _resolve(source, params.layers, params.heads)
+        # The tokenizer is not safe to share between threads: count under the model's lock.
+        with self.session._forward_lock(params.spec):
+            tokens = token_count(source, params.text, params.pair, params.max_tokens,
+                                 params.truncate)
+        if tokens is not None:
+            self._refuse_size(tokens, len(layers) if layers is not None else source.num_layers,
+                              len(heads) if heads is not None else source.num_heads)
+
+
+def token_count(source: Any, text: str, pair: str | None, max_tokens: int | None,
+                truncate: bool) -> int | None:
+    """The tokens a capture of ``text`` (and ``pair``) will hold, without running the model;
+    ``None`` when the source cannot tell (or will refuse the text on its own).
+
+    Raises:
+        InputError: the text is empty, or too long with ``truncate`` off (Hugging Face models).
+    """
+    from attnviz.models.toy import ToySource, split_words
+
+    if isinstance(source, ToySource):
+        words = len(split_words(text)) + (len(split_words(pair)) if pair is not None else 0)
+        limit = source.max_tokens if max_tokens is None else max_tokens
+        return None if words > limit and not truncate else min(words, limit)
+    encode = getattr(source, "encode", None)
+    if callable(encode):  # Hugging Face models: their tokenizer counts
+        encoding, _ = encode(text, pair, max_tokens, truncate)
+        return int(encoding["input_ids"].shape[1])
+    return None
 
 
 # --------------------------------------------------------------------------- payloads
