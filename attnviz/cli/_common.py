@@ -204,10 +204,10 @@ class CaptureRequest:
         """Toy-model options given with another model do nothing: say so (once)."""
         from attnviz.models import TOY_MODEL
 
-        if self.from_path is not None or self.model_name == TOY_MODEL:
-            return
         given = [flag for name, flag, default in _toy_options()
                  if getattr(self, name) != default]
+        if not given or self.from_path is not None or self.model_name == TOY_MODEL:
+            return
         verb = "applies" if len(given) == 1 else "apply"
         message = (f"{', '.join(given)} only {verb} to --model toy; ignored for "
                    f"{self.model_name}")
@@ -221,6 +221,12 @@ class CaptureRequest:
     def model_name(self) -> str:
         from attnviz.models import default_model
 
+        if not self.model and _SERVER is not None:  # --server: that server's default model
+            from attnviz.server.client import RemoteSession
+
+            remote = session()
+            if isinstance(remote, RemoteSession):
+                return remote.default_model()
         return self.model or default_model()
 
 

@@ -5,7 +5,7 @@ the message the CLI would print)::
 
     GET  /                    the live page (report front end + text box)
     GET  /assets/<fixed name> its scripts and styles (a fixed list: no request names a file)
-    GET  /api/health          {"status": "ok", ...}
+    GET  /api/health          {"status": "ok", "ready": every served model loaded, ...}
     GET  /api/models          the served models, loaded or not, and the server's limits
     POST /api/model           load a model, say its layers and heads
     POST /api/capture         text -> tokens + weights (quantised, or float32 on request)
@@ -320,6 +320,7 @@ class _DaemonPool:
                                              Callable[[], Any]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._idle = 0
+        self._running = 0
         self._lock = threading.Lock()
         self._closed = False
 
@@ -345,12 +346,22 @@ class _DaemonPool:
                 return
             future, work = item
             if future.set_running_or_notify_cancel():
+                with self._lock:
+                    self._running += 1
                 try:
                     future.set_result(work())
                 except BaseException as error:  # handed to the waiting request
                     future.set_exception(error)
+                finally:
+                    with self._lock:
+                        self._running -= 1
             with self._lock:
                 self._idle += 1
+
+    def running(self) -> int:
+        """How many threads are running work now (a model load or a forward pass)."""
+        with self._lock:
+            return self._running
 
     def shutdown(self) -> None:
         """Cancel the work not started yet and let every thread end when it is free."""
@@ -458,7 +469,8 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
     """The ASGI application of ``attnviz serve``.
 
     Args:
-        models: names requests may use (the first is the default; each loads on first use).
+        models: names requests may use (the first is the default; each loads on first use, or
+            before with ``app.state.engine.load(name)``).
         token: when set, every request must carry it (see :class:`Guard`).
         allow_any_model: also load any hub id or folder a request names.
         limits: request bounds (:class:`~attnviz.server.engine.Limits`).
@@ -492,6 +504,7 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         from attnviz import __version__
 
         return _json({"status": "ok", "version": __version__, "models": engine.models,
+                      "default": engine.models[0], "ready": engine.ready(),
                       "pending": engine.pending()})
 
     async def models_list(request: Request) -> Response:

@@ -142,7 +142,8 @@ class Engine:
 
     Args:
         models: the model names requests may use (``minilm``, ``toy``, a hub id or a folder
-            given when the server starts); the first is the default. Each loads on first use.
+            given when the server starts); the first is the default. Each loads on first use
+            or with :meth:`load` (``attnviz serve`` loads them all before it answers).
         allow_any_model: also load any hub id or folder a request names.
         limits: bounds on requests (:class:`Limits`).
         session: the warm engine (default: a new one without the on-disk capture cache).
@@ -290,6 +291,19 @@ class Engine:
             raise
         self.load_errors.pop(spec.name, None)
         return source
+
+    def load(self, name: str) -> str | None:
+        """Load a served model now (``attnviz serve`` does so before it answers); the error
+        message when it cannot be loaded (kept for ``/api/models``, tried again on use)."""
+        try:
+            self._source(self.default_spec(name))
+        except (ModelLoadError, DeviceError) as error:
+            return error.message
+        return None
+
+    def ready(self) -> bool:
+        """Whether every served model is loaded (``/api/health``'s ``ready``)."""
+        return all(self.session.is_loaded(self.default_spec(name)) for name in self.models)
 
     def models_payload(self) -> dict[str, Any]:
         """The served models: loaded or not, their size once loaded, the last load error."""
