@@ -102,7 +102,6 @@ def test_induction_runners_are_bounded_like_the_models() -> None:
     from starlette.testclient import TestClient
 
     from attnviz.server.app import create_app
-    from attnviz.server.requests import ToyRequest
 
     app = create_app(["toy"])
     engine = app.state.engine
@@ -112,7 +111,8 @@ def test_induction_runners_are_bounded_like_the_models() -> None:
         answer = client.post("/api/model", json={"model": "toy", "toy": {"seed": seed}})
         assert answer.status_code == 200, answer.text
         assert answer.json()["induction"]["vocab_size"] > 0
-        spec = engine.spec("toy", ToyRequest(seed=seed))
+        spec = ModelSpec(name="toy", device=engine.device, dtype=engine.dtype,
+                         toy=ToyConfig(seed=seed))
         watched.append(weakref.ref(engine.session.source(spec)))
     limit = engine.session.max_models
     assert 1 <= len(engine._runners) <= limit < 12
@@ -167,3 +167,172 @@ def test_a_capture_over_the_weights_limit_is_refused_before_the_forward_pass(
         assert forwards == {"minilm": 1, "toy": 1}
     finally:
         hook.remove()
+
+
+# --------------------------------------------------------------------------- attnviz serve
+class _Serve:
+    """``attnviz serve`` in a subprocess on 127.0.0.1 (its own process group, always ended)."""
+
+    def __init__(self, *args: str) -> None:
+        import os
+        import queue
+        import re
+        import subprocess
+        import sys
+
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        env.pop("ATTNVIZ_SERVER", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "attnviz", "serve", "--host", "127.0.0.1", "--port", "0",
+             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            start_new_session=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        for stream in (self.process.stdout, self.process.stderr):
+            threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+        deadline = time.monotonic() + 60
+        self.url = ""
+        while not self.url:
+            assert time.monotonic() < deadline and self.process.poll() is None, self.text()
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            match = re.search(r"attnviz serve: (http://127\.0\.0\.1:\d+)/", line)
+            self.url = match.group(1) if match else ""
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.output.append(line)
+            self.lines.put(line)
+
+    def text(self) -> str:
+        return "".join(self.output)
+
+    def get(self, path: str) -> tuple[int, Any]:
+        import json
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=30) as response:
+                body = response.read()
+                status = response.status
+        except urllib.error.HTTPError as error:
+            body, status = error.read(), error.code
+        try:
+            return status, json.loads(body)
+        except ValueError:
+            return status, body
+
+    def post(self, path: str, body: dict[str, Any], box: dict[str, Any]) -> None:
+        import json
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                box["status"] = response.status
+        except urllib.error.HTTPError as error:
+            box["status"], box["error"] = error.code, json.loads(error.read())["error"]
+        except OSError as error:  # the server went away before answering
+            box["status"] = repr(error)
+
+    def interrupt(self) -> int:
+        import signal
+        import subprocess
+
+        self.process.send_signal(signal.SIGINT)
+        try:
+            return self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        import os
+        import signal
+
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+def test_ctrl_c_while_torch_is_busy_and_requests_wait_stops_cleanly() -> None:
+    """SIGINT during a long forward pass, with two requests waiting for the model: "Stopped.",
+    exit 0 (it was an abort, exit -6: "terminate called without an active exception")."""
+    serve = _Serve("--model", "toy")
+    try:
+        # 12 layers x 32 heads x 384 x 384 keeps torch's threads busy for seconds.
+        heavy = {"text": " ".join(f"w{i}" for i in range(384)), "model": "toy",
+                 "toy": {"d_model": 64, "heads": 32, "layers": 12}, "layers": "0",
+                 "heads": "0"}
+        boxes: list[dict[str, Any]] = [{}, {}, {}]
+        threads = [threading.Thread(target=serve.post, args=("/api/capture", heavy, box),
+                                    daemon=True) for box in boxes]
+        threads[0].start()
+        _wait_for(lambda: serve.get("/api/health")[1]["pending"] >= 1, 30)
+        time.sleep(0.5)  # the model is loaded (milliseconds) and the forward pass runs
+        for thread in threads[1:]:
+            thread.start()
+        _wait_for(lambda: serve.get("/api/health")[1]["pending"] >= 3, 30)
+        assert not boxes[0], "the first capture ended before Ctrl-C: make it longer"
+        code = serve.interrupt()
+        for thread in threads:
+            thread.join(10)
+    finally:
+        serve.close()
+    output = serve.text()
+    assert code == 0, output
+    assert "Stopped." in output and "terminate called" not in output
+    assert "Traceback" not in output
+    for box in boxes[1:]:  # the waiting requests are answered at once
+        assert box["status"] == 503 and box["error"]["message"] == "the server is stopping"
+
+
+def test_serve_loads_its_models_first_and_logs_without_the_token() -> None:
+    serve = _Serve("--model", "toy", "--log")
+    try:
+        # Right after the address is printed, every served model is warm.
+        status, health = serve.get("/api/health")
+        assert status == 200 and health["ready"] is True and health["default"] == "toy"
+        listed = serve.get("/api/models")[1]["models"]
+        assert [(m["loaded"], m.get("num_layers")) for m in listed] == [(True, 1)]
+        assert serve.get("/?token=sekrit-123&x=1")[0] == 200
+        assert serve.get("/api/health?token=sekrit-456")[0] == 200
+        assert serve.get("/api/nothing")[0] == 404
+        _wait_for(lambda: "/api/nothing" in serve.text())
+        assert serve.interrupt() == 0
+    finally:
+        serve.close()
+    output = serve.text()
+    access = [line for line in output.splitlines() if '"GET ' in line]
+    assert len(access) == 5, output  # health, models, page, health, 404
+    assert any('"GET /?token=***&x=1 HTTP/1.1" 200' in line for line in access), access
+    assert any('"GET /api/nothing HTTP/1.1" 404' in line for line in access)
+    assert "sekrit" not in output
+
+
+def test_the_token_is_hidden_in_every_log_line() -> None:
+    import logging
+
+    from uvicorn.logging import AccessFormatter
+
+    from attnviz.cli.serve import _HideToken
+
+    token = "Zx9-secret_token"
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1,
+                               '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5000", "GET", f"/?a=1&token={token}", "1.1", 303),
+                               None)
+    other = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1,
+                              "cookie attnviz-token-8000=%s", (token,), None)
+    hide = _HideToken(token)
+    assert hide.filter(record) and hide.filter(other)
+    line = AccessFormatter('%(client_addr)s - "%(request_line)s" %(status_code)s').format(
+        record)
+    assert line.startswith('127.0.0.1:5000 - "GET /?a=1&token=*** HTTP/1.1" 303')
+    assert token not in line
+    assert other.getMessage() == "cookie attnviz-token-8000=***"
