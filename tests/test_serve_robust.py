@@ -336,3 +336,239 @@ def test_the_token_is_hidden_in_every_log_line() -> None:
     assert line.startswith('127.0.0.1:5000 - "GET /?a=1&token=*** HTTP/1.1" 303')
     assert token not in line
     assert other.getMessage() == "cookie attnviz-token-8000=***"
+
+
+# --------------------------------------------------------------------------- --server client
+def _toy_payload(text: str = SENTENCE, **changes: Any) -> dict[str, Any]:
+    """A real /api/capture answer (float32) of the default toy model, then ``changes``."""
+    from attnviz.server.engine import capture_payload
+
+    capture = ToySource(ToyConfig(), device="cpu").capture(text)
+    return {**capture_payload(capture, weights="float32"), **changes}
+
+
+def _fake_server(answer: Any, limit: int = 20) -> Any:
+    """A loopback HTTP server answering at most ``limit`` requests with ``answer(path)``."""
+    import http.server
+    import json
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            server: Any = self.server
+            server.paths.append(self.path)
+            assert len(server.paths) <= limit, "the client sent too many requests"
+            status, headers, body = answer(self.path)
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.send_response(status)
+            for name, value in headers:
+                self.send_header(name, value)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST  # noqa: N815
+
+    server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.paths = []
+    server.url = f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def fake() -> Any:
+    """Start fake servers with ``fake(answer)``; all are shut down after the test."""
+    started: list[Any] = []
+
+    def start(answer: Any, limit: int = 20) -> Any:
+        started.append(_fake_server(answer, limit))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+def _toy_model(layers: int = 1, heads: int = 2, **extra: Any) -> tuple[int, list[Any], Any]:
+    return 200, [], {"name": "toy", "num_layers": layers, "num_heads": heads, **extra}
+
+
+def test_the_timeout_is_a_total_deadline(fake: Any) -> None:
+    """A server that drips its answer (headers or body, a byte at a time) holds the client
+    for ``timeout`` seconds in all, not ``timeout`` per read."""
+    import socket
+
+    from attnviz.server.client import RemoteSession, ServerError
+
+    for part in ("body", "headers"):
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        stop = threading.Event()
+
+        def drip(listener: socket.socket = listener, part: str = part,
+                 stop: threading.Event = stop) -> None:
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(65536)
+                head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 64\r\n\r\n")
+                slow = head + b"[" * 64 if part == "headers" else b"[" * 64
+                if part == "body":
+                    connection.sendall(head)
+                for byte in slow[:60]:  # at most 60 bytes, one per 0.2 s: 12 s in all
+                    if stop.wait(0.2):
+                        return
+                    try:
+                        connection.sendall(bytes([byte]))
+                    except OSError:
+                        return
+
+        thread = threading.Thread(target=drip, daemon=True)
+        thread.start()
+        remote = RemoteSession(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout=1)
+        started = time.monotonic()
+        try:
+            with pytest.raises(ServerError, match="did not answer within 1 s"):
+                remote.request("POST", "/api/capture", {"text": SENTENCE})
+            assert time.monotonic() - started < 2.5, part
+        finally:
+            stop.set()
+            thread.join(5)
+            listener.close()
+
+
+def test_a_busy_server_is_asked_again_within_the_deadline(fake: Any) -> None:
+    from attnviz.server.client import RemoteSession, ServerError
+
+    busy = (503, [("Retry-After", "0")], {"error": {
+        "type": "AttnvizError", "message": "the server is busy", "status": 503}})
+    answers = [busy, busy, (200, [], _toy_payload())]
+    server = fake(lambda path: _toy_model() if path == "/api/model" else answers.pop(0))
+    remote = RemoteSession(server.url)
+    capture = remote.capture(SENTENCE, model="toy")
+    assert capture.tokens == SENTENCE.split() and server.paths.count("/api/capture") == 3
+    # Always busy: asked 1 + RETRIES times, then the server's own message.
+    from attnviz.server.client import RETRIES
+
+    always = fake(lambda path: busy)
+    with pytest.raises(ServerError, match="the server is busy"):
+        RemoteSession(always.url).capture(SENTENCE, model="toy")
+    assert len(always.paths) == 1 + RETRIES
+    # A wait that does not fit in the time left is not waited for; no Retry-After: no retry.
+    later = (503, [("Retry-After", "20")], busy[2])
+    for answer, timeout in ((later, 5.0), (busy[:1] + ([],) + busy[2:], 300.0)):
+        once = fake(lambda path, answer=answer: answer)
+        started = time.monotonic()
+        with pytest.raises(ServerError, match="busy"):
+            RemoteSession(once.url, timeout=timeout).capture(SENTENCE, model="toy")
+        assert len(once.paths) == 1 and time.monotonic() - started < 3
+
+
+def test_token_text_from_a_server_cannot_drive_the_terminal(fake: Any, invoke: Any) -> None:
+    from attnviz.server.client import RemoteSession
+
+    payload = _toy_payload()
+    payload["display_tokens"] = ["\x1b]0;pwned\x07The", "\x1b[2Jcat", *SENTENCE.split()[2:]]
+    payload["model"] = "toy\x1b[31m"
+    payload["meta"] = {**payload["meta"], "warnings": ["\x1b[1mbold\x1b[0m"]}
+    server = fake(lambda path: _toy_model() if path == "/api/model" else (200, [], payload))
+    capture = RemoteSession(server.url).capture(SENTENCE, model="toy")
+    assert capture.display_tokens[:2] == ["\\x1b]0;pwned\\x07The", "\\x1b[2Jcat"]
+    assert capture.model == "toy[31m" and capture.meta["warnings"] == ["[1mbold[0m"]
+    result = invoke("top-k", SENTENCE, "--model", "toy", "--layer", "0", "--head", "0",
+                    "--server", server.url)
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.stdout + result.stderr and "\x07" not in result.stdout
+    assert "\\x1b[2Jcat" in result.stdout
+
+
+@pytest.mark.parametrize(("changes", "asked", "words"), [
+    ({"text": "The dog sat on the mat"}, {}, "its text is not the text sent"),
+    ({"pair": "A dog"}, {}, "it holds a pair although none was sent"),
+    ({}, {"pair": "A dog"}, "its pair is not the pair sent"),
+    ({}, {"layers": "1"}, "its layers are [0], not [1]"),
+    ({}, {"heads": [1]}, "its heads are [0, 1], not [1]"),
+    ({"num_heads": 3}, {}, "its model has 1 layers x 3 heads, not 1 x 2"),
+])
+def test_an_answer_for_another_request_is_refused(fake: Any, changes: dict[str, Any],
+                                                  asked: dict[str, Any], words: str) -> None:
+    from attnviz.server.client import RemoteSession, ServerError
+
+    model = _toy_model(layers=2) if "layers" in asked else _toy_model()
+    payload = _toy_payload(**changes)
+    if "layers" in asked:  # a two-layer model whose answer holds layer 0
+        two = ToySource(ToyConfig(layers=2), device="cpu").capture(SENTENCE, layers=[0])
+        from attnviz.server.engine import capture_payload
+
+        payload = capture_payload(two, weights="float32")
+    server = fake(lambda path: model if path == "/api/model" else (200, [], payload))
+    remote = RemoteSession(server.url)
+    remote.source("toy")  # the model's shape, as the CLI asks before capturing
+    text = SENTENCE
+    with pytest.raises(ServerError) as caught:
+        remote.capture(text, model="toy", **asked)
+    assert words in caught.value.message and "another capture" in caught.value.message
+
+
+def test_server_sizes_for_the_induction_test_are_bounded(fake: Any, invoke: Any) -> None:
+    """heads --induction --server: a vocabulary of 10**12 from the server was np.arange'd
+    (a MemoryError traceback)."""
+    payload = _toy_payload("A B C A B C", causal=False)
+
+    def answer(induction: dict[str, Any]) -> Any:
+        return lambda path: (_toy_model(induction=induction) if path == "/api/model"
+                             else (200, [], payload))
+
+    for vocab in (10**12, "many", -3, 0, True):
+        server = fake(answer({"vocab_size": vocab, "prefix": [], "max_tokens": None}), 5)
+        result = invoke("heads", "A B C A B C", "--model", "toy", "--induction", "--server",
+                        server.url)
+        assert result.exit_code == 1, result.output
+        assert not isinstance(result.exception, MemoryError)
+        message = " ".join(result.stderr.split())
+        assert "induction test vocab_size" in message and "4,194,304" in message, message
+        assert "Traceback" not in result.output
+    server = fake(answer({"vocab_size": 100, "prefix": list(range(10**5)), "max_tokens": None}),
+                  5)
+    result = invoke("heads", "A B C A B C", "--model", "toy", "--induction", "--server",
+                    server.url)
+    assert result.exit_code == 1 and "prefix" in result.stderr
+
+
+def test_server_without_model_uses_the_servers_default(invoke: Any) -> None:
+    import socket
+
+    import uvicorn
+
+    from attnviz.server.app import create_app
+    from attnviz.server.client import RemoteSession
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    server = uvicorn.Server(uvicorn.Config(create_app(["toy"]), log_level="warning",
+                                          lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        _wait_for(lambda: server.started, 20)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        args = ("top-k", SENTENCE, "--layer", "0", "--head", "1", "--format", "csv")
+        remote = invoke(*args, "--server", url)
+        local = invoke(*args, "--model", "toy", "--no-cache")
+        assert remote.exit_code == 0, remote.output
+        assert remote.stdout == local.stdout
+        capture = RemoteSession(url).capture(SENTENCE)
+        assert capture.model == "toy"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
