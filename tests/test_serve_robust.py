@@ -572,3 +572,45 @@ def test_server_without_model_uses_the_servers_default(invoke: Any) -> None:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+# --------------------------------------------------------------------------- request models
+@pytest.mark.parametrize(("path", "body"), [
+    ("/api/model", {"model": "toy"}),
+    ("/api/capture", {"text": SENTENCE, "model": "toy"}),
+    ("/api/capture.zip", {"text": SENTENCE, "model": "toy"}),
+    ("/api/topk", {"text": SENTENCE, "model": "toy", "layer": 0, "head": 0}),
+    ("/api/induction", {"model": "toy", "ids": [1, 2, 1, 2]}),
+    ("/api/explain", {"text": SENTENCE, "token": 1}),
+])
+def test_every_route_reads_a_declared_model(path: str, body: dict[str, Any]) -> None:
+    """Each route's body is a pydantic model: unknown fields (also inside 'toy') are refused
+    with the fields it has, a null is a field left out, and the body as declared works."""
+    from starlette.testclient import TestClient
+
+    from attnviz.server.app import create_app
+    from attnviz.server.requests import (
+        CaptureRequest,
+        ExplainRequest,
+        InductionRequest,
+        ModelRequest,
+        TopkRequest,
+        WeightsRequest,
+    )
+
+    model = {"/api/model": ModelRequest, "/api/capture": WeightsRequest,
+             "/api/capture.zip": CaptureRequest, "/api/topk": TopkRequest,
+             "/api/induction": InductionRequest, "/api/explain": ExplainRequest}[path]
+    assert model.model_config.get("extra") == "forbid"
+    client = TestClient(create_app(["toy"]), base_url=BASE)
+    assert client.post(path, json=body).status_code == 200
+    nulls = {name: None for name in model.model_fields if name not in body}
+    assert client.post(path, json={**body, **nulls}).status_code == 200
+    error = client.post(path, json={**body, "cache_dir": "/tmp", "out": "x"}).json()["error"]
+    assert error["status"] == 422 and error["message"] == (
+        "unknown field(s) in the request body: 'cache_dir', 'out'")
+    assert error["hint"] == f"the fields are {', '.join(sorted(model.model_fields))}"
+    nested = client.post(path, json={**body, "toy": {"layers": 1, "path": "/etc"}}).json()
+    assert nested["error"]["message"] == "unknown field(s) in 'toy': 'path'"
+    assert nested["error"]["hint"] == ("the fields are causal, d_model, heads, layers, scale, "
+                                       "seed")
