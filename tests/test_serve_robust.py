@@ -237,6 +237,7 @@ class _Serve:
                 box["status"] = response.status
         except urllib.error.HTTPError as error:
             box["status"], box["error"] = error.code, json.loads(error.read())["error"]
+            box["retry_after"] = error.headers.get("Retry-After")
         except OSError as error:  # the server went away before answering
             box["status"] = repr(error)
 
@@ -290,6 +291,7 @@ def test_ctrl_c_while_torch_is_busy_and_requests_wait_stops_cleanly() -> None:
     assert "Traceback" not in output
     for box in boxes[1:]:  # the waiting requests are answered at once
         assert box["status"] == 503 and box["error"]["message"] == "the server is stopping"
+        assert box["retry_after"] is None  # a client asking again would find no server
 
 
 def test_serve_loads_its_models_first_and_logs_without_the_token() -> None:

@@ -123,7 +123,7 @@ def error_response(status: int, kind: str, message: str, hint: str | None = None
 
 def _error_of(error: AttnvizError) -> Response:
     if isinstance(error, ApiError):
-        headers = {"Retry-After": "1"} if error.status == 503 else None
+        headers = None if error.retry_after is None else {"Retry-After": str(error.retry_after)}
         return error_response(error.status, error.kind, error.message, error.hint, headers)
     kind = type(error).__name__
     if isinstance(error, UsageError):  # InputError included: what the CLI exits 2 for
@@ -434,18 +434,18 @@ class _Runner:
                 raise ApiError(503, f"no answer within {timeout:g} s: the model {spec.name} is "
                                     "still loading (it goes on loading)",
                                "try again in a moment, or start the server with a longer "
-                               "--timeout", kind="AttnvizError") from None
+                               "--timeout", kind="AttnvizError", retry_after=1) from None
             raise ApiError(503, f"no answer within {timeout:g} s: the model is busy or the text "
                                 "is long",
                            "try again, or start the server with a longer --timeout",
-                           kind="AttnvizError") from None
+                           kind="AttnvizError", retry_after=1) from None
         finally:
             self._waiting.discard(waiting)
 
     @staticmethod
     def _stopped() -> ApiError:
         return ApiError(503, "the server is stopping", "start it again with attnviz serve",
-                        kind="AttnvizError")
+                        kind="AttnvizError")  # no Retry-After: trying again will not help
 
     def stop(self) -> None:
         """Answer every waiting request with 503 now, and every new one (call in the loop).

@@ -336,7 +336,8 @@ class Engine:
                 raise ApiError(503, f"the server is busy: {waiting} request(s) are already "
                                     "running or waiting for this model",
                                "try again in a moment (each model queues --queue "
-                               f"{self.limits.queue} requests)", kind="AttnvizError")
+                               f"{self.limits.queue} requests)", kind="AttnvizError",
+                               retry_after=1)
             self._pending[key] += 1
         released = threading.Event()
 
