@@ -445,6 +445,11 @@ def test_the_timeout_is_a_total_deadline(fake: Any) -> None:
             stop.set()
             thread.join(5)
             listener.close()
+    from attnviz.errors import UsageError
+
+    for bad in (0, -1, float("inf"), float("nan"), "5", True):
+        with pytest.raises(UsageError, match="timeout must be a number of seconds"):
+            RemoteSession("http://127.0.0.1:9", timeout=bad)
 
 
 def test_a_busy_server_is_asked_again_within_the_deadline(fake: Any) -> None:

@@ -305,7 +305,11 @@ class RemoteSession(Session):
                  warn: Callable[[str], None] | None = None, python: bool = True) -> None:
         super().__init__(use_cache=False, warn=warn, python=python)
         self.url, self.token = parse_server_url(url)
-        self.timeout = timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                or not 0 < timeout <= 1e6:
+            raise UsageError(f"timeout must be a number of seconds from 0 to 1000000, not "
+                             f"{timeout!r:.40}")
+        self.timeout = float(timeout)
         # The largest capture a server sends (2**25 float32 weights, base64) is ~180 MB.
         self.max_answer_bytes = 1 << 30
         self.requests = 0  # answers received (tests count them)
