@@ -246,11 +246,10 @@ def _serve(sock: socket.socket, models: list[str], host: str, token: str | None,
                             access_log=access_log, timeout_graceful_shutdown=5, lifespan="on",
                             server_header=False)
     hide = _HideToken(token)
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        logger = logging.getLogger(name)
-        logger.addFilter(hide)
-        for handler in logger.handlers:
-            handler.addFilter(hide)
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "uvicorn.error", "uvicorn.access")]
+    hidden: list[logging.Filterer] = [*loggers, *(h for logger in loggers for h in logger.handlers)]
+    for where in hidden:
+        where.addFilter(hide)
     runner = application.state.runner
 
     class Server(uvicorn.Server):
@@ -270,6 +269,9 @@ def _serve(sock: socket.socket, models: list[str], host: str, token: str | None,
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown
         pass
+    finally:
+        for where in hidden:
+            where.removeFilter(hide)
     stdout.print("Stopped.", markup=False)
     if runner.pool.running():
         # A forward pass (or a load) still runs on a worker thread, its answer dropped: the
