@@ -599,10 +599,11 @@ class Session:
         _check_max_tokens(max_tokens)
         self.validate(spec, layers=layer_text, heads=head_text)  # before loading the weights
         cache_on = self.use_cache if use_cache is None else use_cache
-        lock = self._forward_lock(spec)
 
         def load() -> AttentionSource:
-            return _Locked(self.source(spec), lock, self)
+            # The lock is looked up on every pass: another thread may have evicted and
+            # reloaded the model since the last one, and the reloaded model has a new lock.
+            return _Locked(self.source(spec), functools.partial(self._forward_lock, spec), self)
 
         from attnviz.cache import warnings_to
 
@@ -657,9 +658,11 @@ def _text_pairs(texts: Any) -> list[tuple[str, str | None]]:
 
 
 class _Locked:
-    """A loaded model whose forward passes hold the session's per-model lock."""
+    """A loaded model whose forward passes hold the session's per-model lock (``lock()``
+    gives the model's current lock)."""
 
-    def __init__(self, source: AttentionSource, lock: threading.Lock, session: Session) -> None:
+    def __init__(self, source: AttentionSource, lock: Callable[[], threading.Lock],
+                 session: Session) -> None:
         self._source = source
         self._lock = lock
         self._session = session
@@ -670,7 +673,7 @@ class _Locked:
         if callable(batched):
             def iter_captures(texts: Sequence[str], *args: Any, **kwargs: Any
                               ) -> Iterator[Capture]:
-                with self._lock:
+                with self._lock():
                     captures = list(batched(texts, *args, **kwargs))
                     self._session.forwards += len(captures)
                 yield from captures
@@ -681,7 +684,7 @@ class _Locked:
         return getattr(self._source, name)
 
     def capture(self, *args: Any, **kwargs: Any) -> Capture:
-        with self._lock:
+        with self._lock():
             self._session.forwards += 1
             return self._source.capture(*args, **kwargs)
 

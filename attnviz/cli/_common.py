@@ -211,10 +211,10 @@ class CaptureOptions:
         """Toy-model options given with another model do nothing: say so (once)."""
         from attnviz.models import TOY_MODEL
 
-        if self.from_path is not None or self.model_name == TOY_MODEL:
-            return
         given = [flag for name, flag, default in _toy_options()
                  if getattr(self, name) != default]
+        if not given or self.from_path is not None or self.model_name == TOY_MODEL:
+            return
         verb = "applies" if len(given) == 1 else "apply"
         message = (f"{', '.join(given)} only {verb} to --model toy; ignored for "
                    f"{self.model_name}")
@@ -228,6 +228,12 @@ class CaptureOptions:
     def model_name(self) -> str:
         from attnviz.models import default_model
 
+        if not self.model and _SERVER is not None:  # --server: that server's default model
+            from attnviz.server.client import RemoteSession
+
+            remote = session()
+            if isinstance(remote, RemoteSession):
+                return remote.default_model()
         return self.model or default_model()
 
     def spec(self) -> ModelSpec:

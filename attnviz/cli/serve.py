@@ -8,13 +8,24 @@ uvicorn and the models are imported inside the command, so ``--help`` stays fast
 from __future__ import annotations
 
 import ipaddress
+import logging
+import os
+import re
 import socket
-from typing import TYPE_CHECKING, Annotated
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from attnviz.cli._app import app
-from attnviz.cli._common import MODEL_PANEL, OUTPUT_PANEL, handle_errors, stdout, warn
+from attnviz.cli._common import (
+    MODEL_PANEL,
+    OUTPUT_PANEL,
+    handle_errors,
+    stderr,
+    stdout,
+    warn,
+)
 from attnviz.errors import AttnvizError, UsageError
 
 if TYPE_CHECKING:
@@ -88,6 +99,29 @@ def _allowed_hosts(host: str) -> tuple[str, ...] | None:
     return LOCAL_HOSTS if own in LOCAL_HOSTS else (*LOCAL_HOSTS, own)
 
 
+class _HideToken(logging.Filter):
+    """Log records without the token: ``token=...`` in a request line (``GET /?token=...``)
+    becomes ``token=***``, and the server's own token nowhere appears."""
+
+    def __init__(self, token: str | None) -> None:
+        super().__init__()
+        self.token = token
+
+    def _hide(self, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        shown = re.sub(r"(token=)[^&\s\"'#;]*", r"\1***", value, flags=re.IGNORECASE)
+        return shown.replace(self.token, "***") if self.token else shown
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = self._hide(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(self._hide(arg) for arg in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {key: self._hide(arg) for key, arg in record.args.items()}
+        return True
+
+
 def _address(host: str, port: int, token: str | None) -> list[str]:
     """The addresses to print: where a browser on this machine (or another) finds the app."""
     query = f"?token={token}" if token else ""
@@ -105,8 +139,8 @@ def serve_command(
     models: Annotated[list[str] | None, typer.Option(
         "--model", "-m", rich_help_panel=MODEL_PANEL, show_default=False, metavar="NAME",
         help="A model to serve: 'minilm' (the default), 'toy', a Hugging Face id or a local "
-             "folder. Repeat for several; the first is the page's default. Each loads on "
-             "first use.")] = None,
+             "folder. Repeat for several; the first is the default (also of --server "
+             "clients). Each is loaded before the address is printed.")] = None,
     host: Annotated[str, typer.Option(
         "--host", rich_help_panel=SERVER_PANEL,
         help="Address to listen on. Anything but 127.0.0.1/localhost needs the printed "
@@ -182,6 +216,7 @@ def _serve(sock: socket.socket, models: list[str], host: str, token: str | None,
            allow_any_model: bool, limits: Limits, device: str, dtype: str,
            open_browser: bool, access_log: bool) -> None:
     import uvicorn
+    from rich.markup import escape
 
     from attnviz.server.app import create_app
 
@@ -189,17 +224,32 @@ def _serve(sock: socket.socket, models: list[str], host: str, token: str | None,
     application = create_app(models, token=token, allow_any_model=allow_any_model,
                              limits=limits, allowed_hosts=_allowed_hosts(host),
                              device=device, dtype=dtype)
-    served = application.state.engine.models
+    engine = application.state.engine
+    # The served models load now, before the address is printed: a client that reads it may
+    # use the server at once, without paying for the load.
+    for name in engine.models:
+        with stderr.status(f"Loading {name}...", spinner="dots"):
+            failed = engine.load(name)
+        if failed is not None:
+            warn(escape(f"{name} could not be loaded ({failed}); requests for it will try "
+                        "again"))
     addresses = _address(host, port, token)
     stdout.print(f"attnviz serve: {addresses[0]}", markup=False, highlight=False)
     for other in addresses[1:]:
         stdout.print(f"  or {other}", markup=False, highlight=False)
-    stdout.print(f"Models: {', '.join(served)}"
+    stdout.print(f"Models: {', '.join(engine.models)}"
                  + (" (and any a request names)" if allow_any_model else "")
                  + ". Press Ctrl-C to stop.", markup=False, highlight=False)
     stdout.file.flush()
-    config = uvicorn.Config(application, log_level="warning", access_log=access_log,
-                            timeout_graceful_shutdown=5, lifespan="on", server_header=False)
+    # --log: uvicorn's access lines (info level), with any token in them hidden.
+    config = uvicorn.Config(application, log_level="info" if access_log else "warning",
+                            access_log=access_log, timeout_graceful_shutdown=5, lifespan="on",
+                            server_header=False)
+    hide = _HideToken(token)
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "uvicorn.error", "uvicorn.access")]
+    hidden: list[logging.Filterer] = [*loggers, *(h for logger in loggers for h in logger.handlers)]
+    for where in hidden:
+        where.addFilter(hide)
     runner = application.state.runner
 
     class Server(uvicorn.Server):
@@ -219,4 +269,16 @@ def _serve(sock: socket.socket, models: list[str], host: str, token: str | None,
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown
         pass
+    finally:
+        for where in hidden:
+            where.removeFilter(hide)
     stdout.print("Stopped.", markup=False)
+    if runner.pool.running():
+        # A forward pass (or a load) still runs on a worker thread, its answer dropped: the
+        # interpreter's exit would tear down torch's busy threads and abort ("terminate called
+        # without an active exception", exit -6). The server writes no files, so nothing is
+        # lost by ending the process here.
+        stdout.file.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

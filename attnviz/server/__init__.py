@@ -1,7 +1,9 @@
 """``attnviz serve``: a local web app and JSON API over a warm :class:`~attnviz.session.Session`.
 
-- :mod:`attnviz.server.engine`: what the API does, without HTTP: request checking, the served
-  models, a bounded queue per model, a small in-memory capture cache and the JSON payloads.
+- :mod:`attnviz.server.requests`: the request bodies, declared with pydantic (types, bounds,
+  no unknown fields) and their errors in the CLI's words.
+- :mod:`attnviz.server.engine`: what the API does, without HTTP: the served models, a bounded
+  queue per model, a small in-memory capture cache and the JSON payloads.
 - :mod:`attnviz.server.app`: the Starlette application (:func:`create_app`): routes, the token,
   body limits, timeouts, security headers and the page.
 - :mod:`attnviz.server.client`: :class:`~attnviz.server.client.RemoteSession`, the session the

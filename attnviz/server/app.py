@@ -5,7 +5,7 @@ the message the CLI would print)::
 
     GET  /                    the live page (report front end + text box)
     GET  /assets/<fixed name> its scripts and styles (a fixed list: no request names a file)
-    GET  /api/health          {"status": "ok", ...}
+    GET  /api/health          {"status": "ok", "ready": every served model loaded, ...}
     GET  /api/models          the served models, loaded or not, and the server's limits
     POST /api/model           load a model, say its layers and heads
     POST /api/capture         text -> tokens + weights (quantised, or float32 on request)
@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
 from string import Template
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.applications import Starlette
@@ -50,13 +50,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from attnviz.errors import AttnvizError, UsageError
 from attnviz.server.engine import (
-    WEIGHT_FORMATS,
-    ApiError,
     Engine,
     ExplainParams,
-    Fields,
     Limits,
-    TopkParams,
     capture_payload,
     capture_zip,
     encode_float32,
@@ -64,10 +60,24 @@ from attnviz.server.engine import (
     topk_csv,
     topk_payload,
 )
+from attnviz.server.requests import (
+    ApiError,
+    CaptureRequest,
+    ExplainRequest,
+    InductionRequest,
+    ModelRequest,
+    TopkRequest,
+    WeightsRequest,
+    parse,
+)
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from attnviz.models import ModelSpec
     from attnviz.session import Session
+
+    _Model = TypeVar("_Model", bound=BaseModel)
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
@@ -113,7 +123,7 @@ def error_response(status: int, kind: str, message: str, hint: str | None = None
 
 def _error_of(error: AttnvizError) -> Response:
     if isinstance(error, ApiError):
-        headers = {"Retry-After": "1"} if error.status == 503 else None
+        headers = None if error.retry_after is None else {"Retry-After": str(error.retry_after)}
         return error_response(error.status, error.kind, error.message, error.hint, headers)
     kind = type(error).__name__
     if isinstance(error, UsageError):  # InputError included: what the CLI exits 2 for
@@ -143,8 +153,8 @@ def _endpoint(handler: Handler) -> Handler:
     return wrapped
 
 
-async def read_fields(request: Request, limits: Limits) -> Fields:
-    """The JSON object of a POST body, read up to ``limits.max_body_bytes``."""
+async def read_request(request: Request, model: type[_Model], limits: Limits) -> _Model:
+    """The POST body, read up to ``limits.max_body_bytes``, as the route's request model."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/json":
         raise ApiError(415, "send the request body as JSON with Content-Type: application/json",
@@ -178,7 +188,7 @@ async def read_fields(request: Request, limits: Limits) -> Fields:
                            "send numbers such as 5 or -1") from None
         raise ApiError(400, f"the request body is not valid JSON: {exc}"[:300],
                        'send e.g. {"text": "The cat sat on the mat"}') from None
-    return Fields(data)
+    return parse(model, data, max_chars=limits.max_chars, max_k=limits.max_k)
 
 
 # --------------------------------------------------------------------------- guard
@@ -310,6 +320,7 @@ class _DaemonPool:
                                              Callable[[], Any]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._idle = 0
+        self._running = 0
         self._lock = threading.Lock()
         self._closed = False
 
@@ -335,12 +346,22 @@ class _DaemonPool:
                 return
             future, work = item
             if future.set_running_or_notify_cancel():
+                with self._lock:
+                    self._running += 1
                 try:
                     future.set_result(work())
                 except BaseException as error:  # handed to the waiting request
                     future.set_exception(error)
+                finally:
+                    with self._lock:
+                        self._running -= 1
             with self._lock:
                 self._idle += 1
+
+    def running(self) -> int:
+        """How many threads are running work now (a model load or a forward pass)."""
+        with self._lock:
+            return self._running
 
     def shutdown(self) -> None:
         """Cancel the work not started yet and let every thread end when it is free."""
@@ -413,18 +434,18 @@ class _Runner:
                 raise ApiError(503, f"no answer within {timeout:g} s: the model {spec.name} is "
                                     "still loading (it goes on loading)",
                                "try again in a moment, or start the server with a longer "
-                               "--timeout", kind="AttnvizError") from None
+                               "--timeout", kind="AttnvizError", retry_after=1) from None
             raise ApiError(503, f"no answer within {timeout:g} s: the model is busy or the text "
                                 "is long",
                            "try again, or start the server with a longer --timeout",
-                           kind="AttnvizError") from None
+                           kind="AttnvizError", retry_after=1) from None
         finally:
             self._waiting.discard(waiting)
 
     @staticmethod
     def _stopped() -> ApiError:
         return ApiError(503, "the server is stopping", "start it again with attnviz serve",
-                        kind="AttnvizError")
+                        kind="AttnvizError")  # no Retry-After: trying again will not help
 
     def stop(self) -> None:
         """Answer every waiting request with 503 now, and every new one (call in the loop).
@@ -448,7 +469,8 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
     """The ASGI application of ``attnviz serve``.
 
     Args:
-        models: names requests may use (the first is the default; each loads on first use).
+        models: names requests may use (the first is the default; each loads on first use, or
+            before with ``app.state.engine.load(name)``).
         token: when set, every request must carry it (see :class:`Guard`).
         allow_any_model: also load any hub id or folder a request names.
         limits: request bounds (:class:`~attnviz.server.engine.Limits`).
@@ -482,6 +504,7 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         from attnviz._version import __version__
 
         return _json({"status": "ok", "version": __version__, "models": engine.models,
+                      "default": engine.models[0], "ready": engine.ready(),
                       "pending": engine.pending()})
 
     async def models_list(request: Request) -> Response:
@@ -490,49 +513,43 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         return _json(await run_in_threadpool(engine.models_payload))
 
     async def model_info(request: Request) -> Response:
-        fields = await read_fields(request, engine.limits)
-        spec = engine.spec(fields)
-        fields.done()
+        body = await read_request(request, ModelRequest, engine.limits)
+        spec = engine.spec(body.model, body.toy)
         from attnviz.session import spec_key
 
         return _json(await runner.run(spec_key(spec), lambda: engine.describe(spec), spec))
 
     async def capture(request: Request) -> Response:
-        fields = await read_fields(request, engine.limits)
-        params = engine.capture_params(fields)
-        weights = fields.choice("weights", WEIGHT_FORMATS, "q8")
-        stats = fields.flag("stats", False)
-        fields.done()
+        body = await read_request(request, WeightsRequest, engine.limits)
+        params = engine.capture_params(body)
 
         def work() -> bytes:
-            payload = capture_payload(engine.capture(params), weights=weights, stats=stats)
+            payload = capture_payload(engine.capture(params), weights=body.weights,
+                                      stats=body.stats)
             return json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
 
-        body = await runner.run(params.model_key, work, params.spec)
-        return Response(body, media_type="application/json")
+        answer = await runner.run(params.model_key, work, params.spec)
+        return Response(answer, media_type="application/json")
 
     async def capture_download(request: Request) -> Response:
-        fields = await read_fields(request, engine.limits)
-        params = engine.capture_params(fields)
-        fields.done()
-        body = await runner.run(params.model_key,
-                                lambda: capture_zip(engine.capture(params)), params.spec)
+        params = engine.capture_params(await read_request(request, CaptureRequest,
+                                                          engine.limits))
+        answer = await runner.run(params.model_key,
+                                  lambda: capture_zip(engine.capture(params)), params.spec)
         name = _file_name("attnviz_capture", params.spec.name, params.text) + ".zip"
-        return Response(body, media_type="application/zip",
+        return Response(answer, media_type="application/zip",
                         headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
     async def topk(request: Request) -> Response:
-        fields = await read_fields(request, engine.limits)
-        params = engine.capture_params(fields)
-        what = TopkParams.read(fields, engine.limits.max_k)
-        fields.done()
-        if what.fmt == "csv" and what.query is not None:
+        body = await read_request(request, TopkRequest, engine.limits)
+        params = engine.capture_params(body)
+        if body.format == "csv" and body.query is not None:
             raise ApiError(422, "'query' and format csv do not go together",
                            "leave out 'query' for the CSV of every query")
         payload = await runner.run(params.model_key,
-                                   lambda: topk_payload(engine.capture(params), what),
+                                   lambda: topk_payload(engine.capture(params), body),
                                    params.spec)
-        if what.fmt == "csv":
+        if body.format == "csv":
             name = _file_name("attnviz_topk", params.spec.name, params.text,
                               f"L{payload['layer']}_H{payload['head']}") + ".csv"
             return Response(topk_csv(payload), media_type="text/csv; charset=utf-8",
@@ -540,19 +557,17 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         return _json(payload)
 
     async def induction(request: Request) -> Response:
-        fields = await read_fields(request, engine.limits)
-        spec = engine.spec(fields)
-        ids = fields.integers("ids", 8192)
-        fields.done()
+        body = await read_request(request, InductionRequest, engine.limits)
+        spec = engine.spec(body.model, body.toy)
         from attnviz.session import spec_key
 
-        weights = await runner.run(spec_key(spec), lambda: engine.induction(spec, ids), spec)
+        weights = await runner.run(spec_key(spec), lambda: engine.induction(spec, body.ids),
+                                   spec)
         return _json({"weights": encode_float32(weights)})
 
     async def explain(request: Request) -> Response:
-        fields = await read_fields(request, engine.limits)
-        params = ExplainParams.read(fields, engine)
-        fields.done()
+        params = ExplainParams.read(await read_request(request, ExplainRequest, engine.limits),
+                                    engine)
         return _json(await runner.run("explain", lambda: explain_payload(params)))
 
     async def not_found(request: Request, exc: Exception) -> Response:

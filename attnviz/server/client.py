@@ -15,8 +15,16 @@ neither torch nor an HTTP package::
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import email.utils
+import http.client
 import json
+import math
+import os
 import re
+import socket
+import threading
+import time
 import unicodedata
 import urllib.error
 import urllib.parse
@@ -130,6 +138,28 @@ def _clean(text: Any) -> str:
     return shown if len(shown) <= MAX_MESSAGE else shown[:MAX_MESSAGE - 3] + "..."
 
 
+def _escape_controls(text: str) -> str:
+    """Control characters as their escapes (``\\x1b``), as a local capture's display tokens."""
+    return "".join(f"\\x{ord(ch):02x}" if unicodedata.category(ch) == "Cc" else ch
+                   for ch in text)
+
+
+def _shown_safely(payload: dict[str, Any]) -> dict[str, Any]:
+    """A capture answer whose text for the terminal cannot drive it: display tokens with their
+    control characters escaped (as a local capture's), the model name and warnings cleaned."""
+    shown = dict(payload)
+    display = payload.get("display_tokens")
+    if isinstance(display, list):
+        shown["display_tokens"] = [_escape_controls(t) if isinstance(t, str) else t
+                                   for t in display]
+    if isinstance(payload.get("model"), str):
+        shown["model"] = _clean(payload["model"])
+    meta = payload.get("meta")
+    if isinstance(meta, dict) and isinstance(meta.get("warnings"), list):
+        shown["meta"] = {**meta, "warnings": [_clean(w) for w in meta["warnings"]]}
+    return shown
+
+
 def capture_from_payload(payload: dict[str, Any]) -> Capture:
     """The :class:`~attnviz.capture.Capture` of an ``/api/capture`` answer with float32 weights.
 
@@ -144,11 +174,117 @@ def capture_from_payload(payload: dict[str, Any]) -> Capture:
         if block.get("encoding") != "base64" or block.get("dtype") != "float32":
             raise ValueError(f"weights encoded as {block.get('encoding')!r}, not float32")
         weights = decode_float32(block)
-        return _capture_from(payload, weights)
+        return _capture_from(_shown_safely(payload), weights)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise ServerError(f"the server's answer is not a capture ({exc})",
                           "check that --server points at 'attnviz serve' of this version"
                           ) from None
+
+
+#: How many times a request that got 503 with ``Retry-After`` is tried again.
+RETRIES = 4
+_DEADLINE = "_attnviz_deadline"  # the attribute of a urllib Request that holds its _Deadline
+
+
+class _Deadline:
+    """The end of one request: when it passes, the request's sockets are shut down, so no
+    server can hold the client past it by answering slowly (a socket timeout bounds each read
+    only: one byte every half second never trips it)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+        self.passed = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._cut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def left(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def watch(self, sock: socket.socket) -> socket.socket:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.passed:
+                _shut(sock)
+        return sock
+
+    def _cut(self) -> None:
+        with self._lock:
+            self.passed = True
+            for sock in self._sockets:
+                _shut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _shut(sock: socket.socket) -> None:
+    """End a socket's traffic both ways: a read blocked on it in another thread returns."""
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the raw socket, also under TLS
+    except OSError:
+        pass
+
+
+def _watched(connection: type[http.client.HTTPConnection], req: urllib.request.Request
+             ) -> Callable[..., http.client.HTTPConnection]:
+    """A connection class whose sockets the request's deadline watches."""
+    deadline = getattr(req, _DEADLINE, None)
+
+    def make(*args: Any, **kwargs: Any) -> http.client.HTTPConnection:
+        conn = connection(*args, **kwargs)
+        if deadline is not None:
+            create = conn._create_connection  # type: ignore[attr-defined]
+
+            def connect(*a: Any, **k: Any) -> socket.socket:
+                return deadline.watch(create(*a, **k))
+
+            conn._create_connection = connect  # type: ignore[attr-defined]
+        return conn
+
+    return make
+
+
+class _WatchedHTTP(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_watched(http.client.HTTPConnection, req), req)
+
+
+class _WatchedHTTPS(urllib.request.HTTPSHandler):
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        context = getattr(self, "_context", None)
+        return self.do_open(_watched(http.client.HTTPSConnection, req), req, context=context)
+
+
+class _Busy(Exception):
+    """A 503 the server says to try again after ``wait`` seconds."""
+
+    def __init__(self, error: AttnvizError, wait: float) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.wait = wait
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), between 0.1
+    and 30; ``None`` without one."""
+    if not value:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.1), 30.0)
 
 
 class RemoteSession(Session):
@@ -157,7 +293,8 @@ class RemoteSession(Session):
     Args:
         url: the server's address, e.g. ``http://127.0.0.1:8000``; a ``?token=...`` in it (as
             ``attnviz serve`` prints it for other hosts) is sent as ``Authorization: Bearer``.
-        timeout: seconds to wait for one answer.
+        timeout: seconds one request may take in all (connecting, waiting, reading the answer,
+            and trying again after a 503 with ``Retry-After``).
         warn: called with warnings.
 
     Model options that change how a model is loaded (``revision``, ``device``, ``dtype``,
@@ -168,21 +305,32 @@ class RemoteSession(Session):
                  warn: Callable[[str], None] | None = None, python: bool = True) -> None:
         super().__init__(use_cache=False, warn=warn, python=python)
         self.url, self.token = parse_server_url(url)
-        self.timeout = timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                or not 0 < timeout <= 1e6:
+            raise UsageError(f"timeout must be a number of seconds from 0 to 1000000, not "
+                             f"{timeout!r:.40}")
+        self.timeout = float(timeout)
         # The largest capture a server sends (2**25 float32 weights, base64) is ~180 MB.
         self.max_answer_bytes = 1 << 30
         self.requests = 0  # answers received (tests count them)
         self._sources: dict[str, RemoteSource] = {}
+        self._default: str | None = None  # the server's default model, once asked
         host = (urllib.parse.urlsplit(self.url).hostname or "").lower()
         # A local server is reached directly, never through an http_proxy from the environment.
-        handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
+        handlers: list[urllib.request.BaseHandler] = [_NoRedirect(), _WatchedHTTP(),
+                                                      _WatchedHTTPS()]
         if host in _LOOPBACK:
             handlers.append(urllib.request.ProxyHandler({}))
         self._opener = urllib.request.build_opener(*handlers)
 
     # ------------------------------------------------------------------ HTTP
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """Send one request and return the decoded JSON answer (errors raised as attnviz's)."""
+        """Send one request and return the decoded JSON answer (errors raised as attnviz's).
+
+        ``timeout`` bounds the whole request, however slowly the server answers. A 503 with
+        ``Retry-After`` (the server is busy, or a model is loading) is tried again, at most
+        :data:`RETRIES` times and only while the wait fits in that time.
+        """
         from attnviz._version import __version__
 
         data = None if body is None else json.dumps(body, ensure_ascii=False).encode("utf-8")
@@ -191,24 +339,52 @@ class RemoteSession(Session):
             headers["Content-Type"] = "application/json"
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        deadline = _Deadline(self.timeout)
         try:
-            with self._opener.open(req, timeout=self.timeout) as response:
+            for attempt in range(RETRIES + 1):
+                try:
+                    return self._attempt(method, path, data, headers, deadline)
+                except _Busy as busy:
+                    if attempt == RETRIES or busy.wait >= deadline.left():
+                        raise busy.error from None
+                    time.sleep(busy.wait)
+        finally:
+            deadline.cancel()
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _attempt(self, method: str, path: str, data: bytes | None, headers: dict[str, str],
+                 deadline: _Deadline) -> Any:
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        setattr(req, _DEADLINE, deadline)  # noqa: B010 - read by the connection handlers
+        try:
+            with self._opener.open(req, timeout=max(deadline.left(), 0.001)) as response:
                 raw = response.read(self.max_answer_bytes + 1)
         except urllib.error.HTTPError as error:
-            raise self._error(error.code, error.read(1 << 20)) from None
+            try:
+                answer = error.read(1 << 20)
+            except (OSError, http.client.HTTPException):
+                answer = b""
+            if deadline.passed:
+                raise self._timeout() from None
+            failure = self._error(error.code, answer)
+            wait = _retry_after(error.headers.get("Retry-After")) if error.code == 503 else None
+            if wait is not None:
+                raise _Busy(failure, wait) from None
+            raise failure from None
         except urllib.error.URLError as error:
             reason = error.reason
-            if isinstance(reason, TimeoutError):
+            if deadline.passed or isinstance(reason, TimeoutError):
                 raise self._timeout() from None
             raise ServerError(f"cannot reach the attnviz server at {self.url} ({reason})",
                               "start it with 'attnviz serve', check the address, or drop "
                               f"--server (and unset ${SERVER_ENV})") from None
-        except TimeoutError:
-            raise self._timeout() from None
-        except (ConnectionError, OSError) as error:
+        except (OSError, http.client.HTTPException) as error:  # TimeoutError included
+            if deadline.passed or isinstance(error, TimeoutError):
+                raise self._timeout() from None
             raise ServerError(f"the connection to the attnviz server at {self.url} failed "
                               f"({error})", "check that the server is still running") from None
+        if deadline.passed:  # the answer was cut off when the time was up
+            raise self._timeout()
         if len(raw) > self.max_answer_bytes:
             raise ServerError(f"the answer of the server at {self.url} is larger than "
                               f"{self.max_answer_bytes:,} bytes",
@@ -242,7 +418,7 @@ class RemoteSession(Session):
     def _spec(self, model: str | ModelSpec | None, **options: Any) -> ModelSpec:
         from attnviz.models import ModelSpec
 
-        spec = make_spec(model, **options)
+        spec = make_spec(self.default_model() if model is None else model, **options)
         default = ModelSpec(name=spec.name)
         for option, flag in (("revision", "--revision"), ("trust_remote_code",
                                                           "--trust-remote-code"),
@@ -255,6 +431,27 @@ class RemoteSession(Session):
                                  "models with its own settings",
                                  f"drop {flag}, or start the server with it (attnviz serve)")
         return spec
+
+    def default_model(self) -> str:
+        """The model used when none is named: ``$ATTNVIZ_MODEL``, else the server's default
+        (its first ``--model``), not this machine's."""
+        chosen = os.environ.get("ATTNVIZ_MODEL", "").strip()
+        if chosen:
+            return chosen
+        if self._default is None:
+            info = self.request("GET", "/api/health")
+            models = info.get("models") if isinstance(info, dict) else None
+            name = info.get("default") if isinstance(info, dict) else None
+            if name is None and isinstance(models, list) and models:
+                name = models[0]  # a server that does not name its default: its first model
+            if not isinstance(name, str) or not name.strip() or _clean(name) != name \
+                    or len(name) > 500:
+                raise ServerError(f"the server at {self.url} does not say which model it "
+                                  "serves by default",
+                                  "name one with --model, or check that --server points at "
+                                  "'attnviz serve'")
+            self._default = name
+        return self._default
 
     @staticmethod
     def _model_fields(spec: ModelSpec) -> dict[str, Any]:
@@ -305,7 +502,43 @@ class RemoteSession(Session):
                 "max_tokens": max_tokens, "truncate": truncate, "weights": "float32"}
         payload = self.request("POST", "/api/capture", body)
         self.forwards += 1
-        return capture_from_payload(payload)
+        capture = capture_from_payload(payload)
+        self._check_answer(capture, spec, text, pair, layer_text, head_text)
+        return capture
+
+    def _check_answer(self, capture: Capture, spec: ModelSpec, text: str, pair: str | None,
+                      layers: str | None, heads: str | None) -> None:
+        """Refuse a capture of something else than was asked for: another text or pair,
+        other layers or heads, or another shape than the server said its model has.
+
+        Raises:
+            ServerError: the answer does not match the request.
+        """
+        from attnviz.selection import parse_selection
+
+        wrong = []
+        if capture.text != text:
+            wrong.append("its text is not the text sent")
+        if capture.pair != pair:
+            wrong.append("its pair is not the pair sent" if pair is not None
+                         else "it holds a pair although none was sent")
+        known = self._sources.get(spec_key(spec))
+        if known is not None and (capture.num_layers, capture.num_heads) != (
+                known.num_layers, known.num_heads):
+            wrong.append(f"its model has {capture.num_layers} layers x {capture.num_heads} "
+                         f"heads, not {known.num_layers} x {known.num_heads}")
+        for what, chosen, size, got in (("layer", layers, capture.num_layers, capture.layers),
+                                        ("head", heads, capture.num_heads, capture.heads)):
+            try:
+                expected = parse_selection(chosen, size, what)
+            except UsageError:
+                expected = None
+            if got != expected:
+                wrong.append(f"its {what}s are {_brief(got)}, not {_brief(expected)}")
+        if wrong:
+            raise ServerError(f"the server at {self.url} answered with another capture than "
+                              f"the one asked for: {'; '.join(wrong)}",
+                              "check that --server points at 'attnviz serve' of this version")
 
     @_for_callers
     def dump(self, text: str, path: Path | str, pair: str | None = None, *,
@@ -338,6 +571,18 @@ class RemoteSession(Session):
                 yield error
 
 
+def _brief(indices: list[int] | None) -> str:
+    if indices is None:
+        return "none of this model's"
+    shown = ", ".join(str(i) for i in indices[:8])
+    return f"[{shown}{', ...' if len(indices) > 8 else ''}]"
+
+
+#: The largest vocabulary the induction test accepts from a server (the largest models' are
+#: about 256k tokens; the random draws need an array of this many token positions).
+MAX_VOCAB = 1 << 22
+
+
 class RemoteSource:
     """A model loaded on the server, with the surface of a local source.
 
@@ -349,7 +594,7 @@ class RemoteSource:
 
     def __init__(self, session: RemoteSession, spec: ModelSpec, info: dict[str, Any]) -> None:
         try:
-            self.name = str(info["name"])
+            self.name = _clean(info["name"])  # shown in titles: no terminal escapes
             self.num_layers = int(info["num_layers"])
             self.num_heads = int(info["num_heads"])
             self._identity = dict(info.get("identity") or {})
@@ -358,7 +603,7 @@ class RemoteSource:
             raise ServerError(f"the server's answer does not describe a model ({exc})") from None
         self._session = session
         self._spec = spec
-        self._induction = induction
+        self._induction = induction if isinstance(induction, dict) else {}
 
     def identity(self) -> dict[str, object]:
         return dict(self._identity)
@@ -375,18 +620,39 @@ class RemoteSource:
                              "add --no-induction, or run without --server")
         return self._induction[key]
 
+    def _count(self, key: str, low: int, high: int) -> int:
+        """A whole number the server gave for the induction test, checked before any use."""
+        value = self._induction_info(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ServerError(f"the server's model description gives the induction test "
+                              f"{key} {_clean(repr(value))[:60]}; it must be a whole number "
+                              f"from {low:,} to {high:,}",
+                              "add --no-induction, or check that --server points at "
+                              "'attnviz serve'")
+        return value
+
     @property
     def vocab_size(self) -> int:
-        return int(self._induction_info("vocab_size"))
+        """The number of usable tokens on the server (bounded by :data:`MAX_VOCAB`)."""
+        return self._count("vocab_size", 1, MAX_VOCAB)
 
     @property
     def prefix_ids(self) -> list[int]:
-        return [int(i) for i in self._induction_info("prefix")]
+        prefix = self._induction_info("prefix")
+        if not isinstance(prefix, list) or len(prefix) > 16 or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1 << 40
+                for i in prefix):
+            raise ServerError("the server's model description gives the induction test a "
+                              "prefix that is not a short list of token ids",
+                              "add --no-induction, or check that --server points at "
+                              "'attnviz serve'")
+        return [int(i) for i in prefix]
 
     @property
     def max_tokens(self) -> int | None:
-        value = self._induction_info("max_tokens")
-        return None if value is None else int(value)
+        if self._induction_info("max_tokens") is None:
+            return None
+        return self._count("max_tokens", 2, 1 << 30)
 
     def attention_on_ids(self, ids: list[int]) -> np.ndarray:
         """``[layer, head, T, T]`` of the model on ``prefix_ids`` + token positions."""

@@ -1,9 +1,9 @@
 """What the live server does, without HTTP: checked requests, the served models, bounded queues,
 recent captures in memory and the JSON payloads of the API.
 
-Everything a request asks for is read through :class:`Fields`, which knows each field's type and
-bound and refuses fields it does not know, so no request can name a file, a folder or a model
-the server was not started with. The capture itself goes through a
+Every request body is read through its pydantic model (:mod:`attnviz.server.requests`), which
+knows each field's type and bound and refuses fields it does not know, so no request can name a
+file, a folder or a model the server was not started with. The capture itself goes through a
 :class:`~attnviz.session.Session` (warm models, one forward at a time per model); the
 :class:`Engine` adds what a shared server needs on top: a bound on the requests waiting for
 each model, limits on text and tokens, and a small in-memory cache of recent captures so that
@@ -23,7 +23,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from attnviz.errors import AttnvizError, DeviceError, ModelLoadError, UsageError
+from attnviz.errors import DeviceError, ModelLoadError, UsageError
+from attnviz.server.requests import (
+    TOY_BOUNDS,
+    TOY_EXAMPLE,
+    WEIGHT_FORMATS,
+    ApiError,
+    CaptureRequest,
+    ExplainRequest,
+    TopkRequest,
+    ToyRequest,
+    json_type,
+)
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
@@ -31,29 +42,10 @@ if TYPE_CHECKING:
     from attnviz.models.toy import ToyConfig
     from attnviz.session import Session
 
-#: Weight encodings a capture request can ask for: 8- or 16-bit quantised as in the HTML report
-#: (compact, what the page uses), or exact float32.
-WEIGHT_FORMATS = ("q8", "q16", "float32")
+__all__ = ["TOY_BOUNDS", "TOY_EXAMPLE", "WEIGHT_FORMATS", "ApiError", "CaptureParams", "Engine",
+           "Limits", "json_type"]
+
 TOPK_CSV_HEADER = ("query_index", "query", "rank", "key_index", "key", "weight")
-# The toy model's sizes a request may ask for (the CLI allows more; a shared server stays small).
-TOY_BOUNDS = {"d_model": 512, "heads": 32, "layers": 12}
-TOY_EXAMPLE = '{"model": "toy", "toy": {"layers": 2, "heads": 4, "causal": true}}'
-
-
-class ApiError(AttnvizError):
-    """A request the server cannot serve, with its HTTP status.
-
-    Attributes:
-        status: the HTTP status code (413, 422, 503, ...).
-        kind: the :mod:`attnviz.errors` class the CLI would raise for the same problem; the
-            ``--server`` client raises that class again, so exit codes match a local run.
-    """
-
-    def __init__(self, status: int, message: str, hint: str | None = None, *,
-                 kind: str = "UsageError") -> None:
-        super().__init__(message, hint)
-        self.status = status
-        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -83,153 +75,6 @@ class Limits:
 
     def public(self) -> dict[str, Any]:
         return asdict(self)
-
-
-# --------------------------------------------------------------------------- request fields
-def json_type(value: Any) -> str:
-    """The JSON name of a value's type, for messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object" if isinstance(value, dict) else type(value).__name__
-
-
-class Fields:
-    """Typed, bounded access to the fields of a JSON object; unknown fields are an error.
-
-    Every accessor names the field in its message, e.g. ``'layer' must be an integer such as 5
-    or -1, not a string``. Call :meth:`done` after reading to refuse fields nobody read.
-    """
-
-    def __init__(self, data: Any, what: str = "the request body",
-                 example: str = '{"text": "The cat sat on the mat"}') -> None:
-        if not isinstance(data, dict):
-            raise ApiError(422, f"{what} must be a JSON object, not {json_type(data)}",
-                           f"send e.g. {example}")
-        self.data: dict[str, Any] = data
-        self.what = what
-        self.read: set[str] = set()
-
-    def _get(self, name: str) -> Any:
-        self.read.add(name)
-        return self.data.get(name)
-
-    def has(self, name: str) -> bool:
-        return self.data.get(name) is not None
-
-    def text(self, name: str, *, required: bool = False, limit: int = 1000) -> str | None:
-        value = self._get(name)
-        if value is None:
-            if required:
-                raise ApiError(422, f"'{name}' is missing from {self.what}",
-                               f'send e.g. {{"{name}": "The cat sat on the mat"}}',
-                               kind="InputError")
-            return None
-        if not isinstance(value, str):
-            raise ApiError(422, f"'{name}' must be a string, not {json_type(value)}")
-        if len(value) > limit:
-            raise ApiError(413, f"'{name}' is {len(value):,} characters long; this server "
-                                f"takes at most {limit:,}",
-                           "send a shorter text, or start the server with a higher --max-chars",
-                           kind="InputError")
-        return value
-
-    def flag(self, name: str, default: bool) -> bool:
-        value = self._get(name)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise ApiError(422, f"'{name}' must be true or false, not {json_type(value)}")
-        return value
-
-    def integer(self, name: str, default: int | None, low: int, high: int) -> int | None:
-        value = self._get(name)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ApiError(422, f"'{name}' must be an integer such as 5 or -1, not "
-                                f"{json_type(value)}")
-        if not low <= value <= high:
-            raise ApiError(422, f"'{name}' is {value}; it must be between {low} and {high}")
-        return value
-
-    def choice(self, name: str, options: Sequence[str], default: str) -> str:
-        value = self._get(name)
-        if value is None:
-            return default
-        if not isinstance(value, str) or value not in options:
-            shown = value if isinstance(value, str) else json_type(value)
-            raise ApiError(422, f"'{name}' must be one of {', '.join(options)}, not "
-                                f"{shown[:100]!r}")
-        return value
-
-    def selection(self, name: str) -> str | None:
-        """A layer or head selection: ``"0,2-4"``, ``"all"`` or a list of integers."""
-        value = self._get(name)
-        if value is None:
-            return None
-        if isinstance(value, str):
-            if len(value) > 1000:
-                raise ApiError(413, f"'{name}' is longer than 1000 characters")
-            return value
-        if isinstance(value, list) and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value):
-            if not value:
-                raise ApiError(422, f"'{name}' is an empty list", "leave it out to keep all")
-            _check_length(name, value)
-            return ",".join(str(v) for v in value)
-        raise ApiError(422, f"'{name}' must be a selection such as \"0,2-4\" or a list of "
-                            f"integers, not {json_type(value)}")
-
-    def integers(self, name: str, limit: int) -> list[int]:
-        """A required list of at most ``limit`` integers."""
-        value = self._get(name)
-        if not isinstance(value, list) or not all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise ApiError(422, f"'{name}' must be a list of integers, not {json_type(value)}")
-        if len(value) > limit:
-            raise ApiError(413, f"'{name}' holds {len(value)} items, more than {limit}")
-        return [int(v) for v in value]
-
-    def head(self, name: str) -> int | str | list[int]:
-        """A head index, ``"mean"`` (the mean of the layer's heads) or a list of heads (their
-        mean)."""
-        value = self._get(name)
-        if value is None:
-            raise ApiError(422, f"'{name}' is missing", f'send e.g. {{"{name}": 3}} or "mean"')
-        if isinstance(value, str) and value.strip().lower() == "mean":
-            return "mean"
-        if isinstance(value, list) and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value):
-            if not value:
-                raise ApiError(422, f"'{name}' is an empty list",
-                               f'send e.g. {{"{name}": [0, 3]}} or "mean"')
-            _check_length(name, value)
-            return [int(v) for v in value] if len(value) > 1 else int(value[0])
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ApiError(422, f"'{name}' must be a head index, \"mean\" or a list of heads, "
-                                f"not {json_type(value)}")
-        return value
-
-    def obj(self, name: str, example: str | None = None) -> Fields | None:
-        value = self._get(name)
-        if value is None:
-            return None
-        return Fields(value, f"'{name}'", example or f'{{"{name}": {{...}}}}')
-
-    def done(self) -> None:
-        unknown = sorted(set(self.data) - self.read)
-        if unknown:
-            names = ", ".join(repr(n)[:60] for n in unknown[:5])
-            raise ApiError(422, f"unknown field(s) in {self.what}: {names}",
-                           f"the fields are {', '.join(sorted(self.read))}")
 
 
 # --------------------------------------------------------------------------- captures in memory
@@ -297,7 +142,8 @@ class Engine:
 
     Args:
         models: the model names requests may use (``minilm``, ``toy``, a hub id or a folder
-            given when the server starts); the first is the default. Each loads on first use.
+            given when the server starts); the first is the default. Each loads on first use
+            or with :meth:`load` (``attnviz serve`` loads them all before it answers).
         allow_any_model: also load any hub id or folder a request names.
         limits: bounds on requests (:class:`Limits`).
         session: the warm engine (default: a new one without the on-disk capture cache).
@@ -324,14 +170,18 @@ class Engine:
         self.dtype = dtype
         self.captures = CaptureCache(self.limits.cache_mb << 20)
         self.load_errors: dict[str, str] = {}
-        self._runners: dict[str, tuple[Any, Any, list[int], int | None]] = {}
+        # Induction runners by model key, with the loaded model each was made for (see
+        # _induction_runner): at most as many as the session keeps models.
+        self._runners: collections.OrderedDict[
+            str, tuple[Any, tuple[Any, Any, list[int], int | None]]] = collections.OrderedDict()
+        self._runners_lock = threading.Lock()
         self._pending: collections.Counter[str] = collections.Counter()
         self._pending_lock = threading.Lock()
         self.max_pending = max(4, 4 * (self.limits.queue + 1))  # all models together
 
     # ------------------------------------------------------------------ models
-    def model_name(self, fields: Fields) -> str:
-        name = fields.text("model", limit=500)
+    def model_name(self, name: str | None) -> str:
+        """The served model a request names (``None``: the default), or a 404."""
         if name is None:
             return self.models[0]
         if name in self.models:
@@ -343,33 +193,27 @@ class Engine:
                        "pick one of those, or start the server with --model NAME "
                        "(or --allow-any-model)")
 
-    def toy_config(self, fields: Fields | None) -> ToyConfig:
+    @staticmethod
+    def toy_config(toy: ToyRequest | None) -> ToyConfig:
+        """The toy model's settings: the request's, the toy model's defaults for the rest."""
         from attnviz.models.toy import ToyConfig
 
-        if fields is None:
-            return ToyConfig()
-        default = ToyConfig()
-        values = {name: fields.integer(name, getattr(default, name), 1, bound)
-                  for name, bound in TOY_BOUNDS.items()}
-        seed = fields.integer("seed", default.seed, 0, 2**32 - 1)
-        causal = fields.flag("causal", default.causal)
-        scale = fields.flag("scale", default.scale)
-        fields.done()
-        return ToyConfig(d_model=int(values["d_model"] or 0), heads=int(values["heads"] or 0),
-                         layers=int(values["layers"] or 0), causal=causal, scale=scale,
-                         seed=int(seed or 0))
+        return ToyConfig(**(toy.model_dump(exclude_none=True) if toy is not None else {}))
 
-    def spec(self, fields: Fields) -> ModelSpec:
+    def spec(self, model: str | None, toy: ToyRequest | None = None) -> ModelSpec:
         """The model a request names (``model``, and ``toy`` options for the toy model)."""
         from attnviz.models import TOY_MODEL, ModelSpec
 
-        name = self.model_name(fields)
-        toy_fields = fields.obj("toy", TOY_EXAMPLE)
-        if toy_fields is not None and name != TOY_MODEL:
+        name = self.model_name(model)
+        if toy is not None and name != TOY_MODEL:
             raise ApiError(422, "'toy' options are for the toy model only",
                            'leave them out, or send "model": "toy"')
-        toy = self.toy_config(toy_fields) if name == TOY_MODEL else None
-        return ModelSpec(name=name, device=self.device, dtype=self.dtype, toy=toy)
+        config = self.toy_config(toy) if name == TOY_MODEL else None
+        return ModelSpec(name=name, device=self.device, dtype=self.dtype, toy=config)
+
+    def default_spec(self, name: str) -> ModelSpec:
+        """A served model as it loads without options (the toy model with its defaults)."""
+        return self.spec(name)
 
     def describe(self, spec: ModelSpec) -> dict[str, Any]:
         """Load the model (if it is not warm yet) and say what it is.
@@ -390,14 +234,32 @@ class Engine:
         return info
 
     def _induction_runner(self, spec: ModelSpec) -> tuple[Any, Any, list[int], int | None]:
+        """The induction test's runner of a model, kept while the session keeps the model.
+
+        A runner holds its model: the runners of models the session has dropped go too, so
+        the toy settings requests name cannot pile up models in memory.
+        """
         from attnviz.analysis.induction import _runner
         from attnviz.session import spec_key
 
         key = spec_key(spec)
-        runner = self._runners.get(key)
-        if runner is None:
-            run, vocab, prefix, max_tokens = _runner(self._source(spec))
-            runner = self._runners[key] = (run, vocab, [int(i) for i in prefix], max_tokens)
+        source = self._source(spec)
+        with self._runners_lock:
+            kept = self._runners.get(key)
+            if kept is not None and kept[0] is source:
+                self._runners.move_to_end(key)
+                return kept[1]
+        run, vocab, prefix, max_tokens = _runner(source)
+        runner = (run, vocab, [int(i) for i in prefix], max_tokens)
+        with self._runners_lock:
+            self._runners[key] = (source, runner)
+            self._runners.move_to_end(key)
+            warm = self.session._models  # the session's loaded models, by key
+            for old in [k for k, (s, _) in self._runners.items() if warm.get(k) is not s]:
+                if old != key:
+                    del self._runners[old]
+            while len(self._runners) > self.session.max_models:
+                self._runners.popitem(last=False)
         return runner
 
     def induction(self, spec: ModelSpec, ids: list[int]) -> Any:
@@ -430,14 +292,26 @@ class Engine:
         self.load_errors.pop(spec.name, None)
         return source
 
+    def load(self, name: str) -> str | None:
+        """Load a served model now (``attnviz serve`` does so before it answers); the error
+        message when it cannot be loaded (kept for ``/api/models``, tried again on use)."""
+        try:
+            self._source(self.default_spec(name))
+        except (ModelLoadError, DeviceError) as error:
+            return error.message
+        return None
+
+    def ready(self) -> bool:
+        """Whether every served model is loaded (``/api/health``'s ``ready``)."""
+        return all(self.session.is_loaded(self.default_spec(name)) for name in self.models)
+
     def models_payload(self) -> dict[str, Any]:
         """The served models: loaded or not, their size once loaded, the last load error."""
-        from attnviz.models import TOY_MODEL, ModelSpec
+        from attnviz.models import TOY_MODEL
 
         entries = []
         for name in self.models:
-            spec = ModelSpec(name=name, device=self.device, dtype=self.dtype,
-                             toy=self.toy_config(None) if name == TOY_MODEL else None)
+            spec = self.default_spec(name)
             entry: dict[str, Any] = {"name": name, "toy": name == TOY_MODEL,
                                      "loaded": self.session.is_loaded(spec)}
             if entry["loaded"]:
@@ -462,7 +336,8 @@ class Engine:
                 raise ApiError(503, f"the server is busy: {waiting} request(s) are already "
                                     "running or waiting for this model",
                                "try again in a moment (each model queues --queue "
-                               f"{self.limits.queue} requests)", kind="AttnvizError")
+                               f"{self.limits.queue} requests)", kind="AttnvizError",
+                               retry_after=1)
             self._pending[key] += 1
         released = threading.Event()
 
@@ -482,30 +357,26 @@ class Engine:
             return sum(self._pending.values())
 
     # ------------------------------------------------------------------ captures
-    def capture_params(self, fields: Fields) -> CaptureParams:
-        """Read ``text``, ``pair``, ``model``, ``toy``, ``layers``, ``heads``, ``max_tokens``
-        and ``truncate`` from a request."""
+    def capture_params(self, request: CaptureRequest) -> CaptureParams:
+        """The capture a request asks for, checked against this server's limits."""
         limits = self.limits
-        text = fields.text("text", required=True, limit=limits.max_chars)
-        pair = fields.text("pair", limit=limits.max_chars)
-        assert text is not None  # required above
+        text, pair = request.text, request.pair
         if len(text) + len(pair or "") > limits.max_chars:
             raise ApiError(413, f"the text and pair are {len(text) + len(pair or ''):,} "
                                 f"characters long; this server takes at most "
                                 f"{limits.max_chars:,}",
                            "send a shorter text, or start the server with a higher --max-chars",
                            kind="InputError")
-        spec = self.spec(fields)
-        max_tokens = fields.integer("max_tokens", None, 1, 1 << 30)
+        spec = self.spec(request.model, request.toy)
+        max_tokens = request.max_tokens
         if max_tokens is not None and max_tokens > limits.max_tokens:
             raise ApiError(422, f"max_tokens {max_tokens} is above this server's limit of "
                                 f"{limits.max_tokens} tokens",
                            f"ask for at most {limits.max_tokens}, or start the server with a "
                            "higher --max-tokens")
-        return CaptureParams(spec=spec, text=text, pair=pair, layers=fields.selection("layers"),
-                             heads=fields.selection("heads"),
-                             max_tokens=max_tokens or limits.max_tokens,
-                             truncate=fields.flag("truncate", True))
+        return CaptureParams(spec=spec, text=text, pair=pair, layers=request.layers,
+                             heads=request.heads, max_tokens=max_tokens or limits.max_tokens,
+                             truncate=request.truncate)
 
     def capture(self, params: CaptureParams) -> Capture:
         """The capture a request asks for: from memory, else from the warm model (blocking)."""
@@ -518,20 +389,60 @@ class Engine:
         check_text(params.text)
         if params.pair is not None:
             check_text(params.pair, "the pair text")
-        self._source(params.spec)  # load errors are remembered for /api/models
+        source = self._source(params.spec)  # load errors are remembered for /api/models
+        # Refused before the forward pass when the size is known from the tokens: a capture of
+        # 512 tokens on every head of a big model takes gigabytes only to be thrown away.
+        self._check_size(source, params)
         capture = self.session.capture(params.text, params.pair, model=params.spec,
                                        layers=params.layers, heads=params.heads,
                                        max_tokens=params.max_tokens, truncate=params.truncate,
                                        use_cache=False)
-        size = math.prod(capture.weights.shape)
-        if size > self.limits.max_weights:
-            shape = capture.weights.shape
-            raise ApiError(422, f"the capture of {capture.num_tokens} tokens holds {size:,} "
-                                f"weights ({shape[0]} layers x {shape[1]} heads), more than "
-                                f"this server sends ({self.limits.max_weights:,})",
-                           "select fewer layers or heads, or fewer tokens with max_tokens")
+        shape = capture.weights.shape
+        self._refuse_size(capture.num_tokens, shape[0], shape[1])
         self.captures.put(key, capture)
         return capture
+
+    def _refuse_size(self, tokens: int, layers: int, heads: int) -> None:
+        size = layers * heads * tokens * tokens
+        if size > self.limits.max_weights:
+            raise ApiError(422, f"the capture of {tokens} tokens holds {size:,} weights "
+                                f"({layers} layers x {heads} heads), more than this server "
+                                f"sends ({self.limits.max_weights:,})",
+                           "select fewer layers or heads, or fewer tokens with max_tokens")
+
+    def _check_size(self, source: Any, params: CaptureParams) -> None:
+        """Refuse a capture that will hold more than ``max_weights``, before it runs."""
+        from attnviz.session import _resolve
+
+        layers, heads = _resolve(source, params.layers, params.heads)
+        # The tokenizer is not safe to share between threads: count under the model's lock.
+        with self.session._forward_lock(params.spec):
+            tokens = token_count(source, params.text, params.pair, params.max_tokens,
+                                 params.truncate)
+        if tokens is not None:
+            self._refuse_size(tokens, len(layers) if layers is not None else source.num_layers,
+                              len(heads) if heads is not None else source.num_heads)
+
+
+def token_count(source: Any, text: str, pair: str | None, max_tokens: int | None,
+                truncate: bool) -> int | None:
+    """The tokens a capture of ``text`` (and ``pair``) will hold, without running the model;
+    ``None`` when the source cannot tell (or will refuse the text on its own).
+
+    Raises:
+        InputError: the text is empty, or too long with ``truncate`` off (Hugging Face models).
+    """
+    from attnviz.models.toy import ToySource, split_words
+
+    if isinstance(source, ToySource):
+        words = len(split_words(text)) + (len(split_words(pair)) if pair is not None else 0)
+        limit = source.max_tokens if max_tokens is None else max_tokens
+        return None if words > limit and not truncate else min(words, limit)
+    encode = getattr(source, "encode", None)
+    if callable(encode):  # Hugging Face models: their tokenizer counts
+        encoding, _ = encode(text, pair, max_tokens, truncate)
+        return int(encoding["input_ids"].shape[1])
+    return None
 
 
 # --------------------------------------------------------------------------- payloads
@@ -595,32 +506,7 @@ def decode_float32(block: dict[str, Any]) -> Any:
     return np.frombuffer(raw, dtype="<f4").reshape(shape).astype(np.float32)
 
 
-@dataclass(frozen=True)
-class TopkParams:
-    """A checked top-k request: which matrix, how many keys, which view."""
-
-    layer: int
-    head: int | str | list[int]
-    k: int
-    words: bool
-    exclude_special: bool
-    query: int | None
-    fmt: str
-
-    @classmethod
-    def read(cls, fields: Fields, max_k: int) -> TopkParams:
-        layer = fields.integer("layer", None, -(1 << 20), 1 << 20)
-        if layer is None:
-            raise ApiError(422, "'layer' is missing", 'send e.g. {"layer": 5, "head": 3}')
-        return cls(layer=layer, head=fields.head("head"),
-                   k=int(fields.integer("k", 3, 1, max_k) or 3),
-                   words=fields.flag("words", False),
-                   exclude_special=fields.flag("exclude_special", False),
-                   query=fields.integer("query", None, -(1 << 20), 1 << 20),
-                   fmt=fields.choice("format", ("json", "csv"), "json"))
-
-
-def topk_payload(capture: Capture, params: TopkParams) -> dict[str, Any]:
+def topk_payload(capture: Capture, params: TopkRequest) -> dict[str, Any]:
     """Top-k keys per query of one head (or the layer's mean), as ``attnviz top-k -f json``.
 
     With ``params.query``, only that query's row, with every weight of the row as well.
@@ -713,35 +599,27 @@ class ExplainParams:
     config: ToyConfig
 
     @classmethod
-    def read(cls, fields: Fields, engine: Engine) -> ExplainParams:
+    def read(cls, request: ExplainRequest, engine: Engine) -> ExplainParams:
+        """Check an explain request against the server: the toy model, served, within
+        ``--max-tokens`` words."""
         from attnviz.models import TOY_MODEL
         from attnviz.models.toy import split_words
 
-        text = fields.text("text", required=True, limit=engine.limits.max_chars)
-        assert text is not None
-        model = fields.text("model", limit=500)
-        if model is not None and model != TOY_MODEL:
+        if request.model is not None and request.model != TOY_MODEL:
             raise ApiError(422, "the step-by-step explanation is for the toy model only",
                            'send "model": "toy"')
         if TOY_MODEL not in engine.models and not engine.allow_any_model:
             raise ApiError(404, "this server does not serve the toy model",
                            "start it with --model toy to see the step-by-step explanation")
-        token = fields._get("token")
-        if isinstance(token, bool) or not isinstance(token, (int, str)):
-            raise ApiError(422, "'token' must be a position (an integer) or a word, not "
-                                f"{json_type(token)}")
-        if isinstance(token, str) and len(token) > 200:
-            raise ApiError(413, "'token' is longer than 200 characters")
-        layer = int(fields.integer("layer", 0, -64, 64) or 0)
-        head = int(fields.integer("head", 0, -256, 256) or 0)
-        config = engine.toy_config(fields.obj("toy", TOY_EXAMPLE))
-        words = len(split_words(text))
+        config = engine.toy_config(request.toy)
+        words = len(split_words(request.text))
         if words > engine.limits.max_tokens:
             raise ApiError(422, f"the text has {words} words, more than this server's limit of "
                                 f"{engine.limits.max_tokens} tokens",
                            "shorten the text, or start the server with a higher --max-tokens",
                            kind="InputError")
-        return cls(text=text, token=str(token), layer=layer, head=head, config=config)
+        return cls(text=request.text, token=str(request.token), layer=request.layer,
+                   head=request.head, config=config)
 
 
 def explain_payload(params: ExplainParams) -> dict[str, Any]:
@@ -757,12 +635,3 @@ def explain_payload(params: ExplainParams) -> dict[str, Any]:
     payload["causal"] = params.config.causal
     payload["scaling"] = params.config.scale
     return _plain(payload)
-
-
-MAX_LIST = 4096  # items in a layer or head list of a request
-
-
-def _check_length(name: str, value: list[Any]) -> None:
-    if len(value) > MAX_LIST:
-        raise ApiError(413, f"'{name}' lists {len(value)} items; at most {MAX_LIST}",
-                       "send a selection string such as \"0-11\" instead")
