@@ -1,8 +1,9 @@
 """The front end's colour scales equal the command line's: defaults, mapping and colour bar.
 
-``report.js`` (the HTML report, the notebook view and the live page share it) is run in headless
-Chromium and its scale functions are compared value by value with
-:class:`attnviz.render.heatmap.ColourScale`, the code behind ``--scale``, ``--gamma`` and ``--vmax``.
+``report.js`` (the HTML report, the notebook view and the live page share it) is run in
+headless Chromium and its scale functions are compared value by value with
+:class:`attnviz.render.heatmap.ColourScale`, the code behind ``--scale``, ``--gamma`` and
+``--vmax``.
 Then a report paints a heatmap and its pixels are compared with the colours the figures give the
 same (8-bit) weights.
 """

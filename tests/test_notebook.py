@@ -102,9 +102,14 @@ def executed(tmp_path_factory: pytest.TempPathFactory, tiny_gpt2_dir: Path,
 
 
 def _display(cell: Any) -> dict[str, Any]:
-    outputs = [o for o in cell.outputs if o.output_type in ("execute_result", "display_data")]
-    assert len(outputs) == 1
-    return dict(outputs[0].data)
+    """A view's two outputs in one dict: the widget (its view and text) and its static copy."""
+    outputs = [dict(o.data) for o in cell.outputs
+               if o.output_type in ("execute_result", "display_data")]
+    assert len(outputs) == 2
+    widget, copy = outputs
+    assert set(widget) == {WIDGET_MIME, "text/plain"} and set(copy) == {"text/html", "text/plain"}
+    assert widget["text/plain"].startswith("AttentionView(") and "\n" not in widget["text/plain"]
+    return {WIDGET_MIME: widget[WIDGET_MIME], "text/html": copy["text/html"]}
 
 
 def _stream(cell: Any) -> str:
@@ -133,7 +138,9 @@ def test_saved_notebook_holds_the_widgets_and_the_fallback(executed) -> None:
         assert "attnvizMount" in synced["_esm"] and "export default" in synced["_esm"]
         doc = synced["_report"]["docs"][0]
         assert doc["tokens"] == capture.tokens and doc["text"] == capture.text
-        assert data["text/html"].startswith("<iframe") and "srcdoc=" in data["text/html"]
+        assert data["text/html"].startswith('<div class="attnviz-static"')
+        assert f'data-attnviz-static="{synced["_view_key"]}"' in data["text/html"]
+        assert "srcdoc=" in data["text/html"] and "data:image/png;base64," in data["text/html"]
     assert ids[3] == ids[4] != ids[2]  # two views, two models; the second shown twice
     assert cap_gpt2.causal and cap_gpt2.meta["model_attn_implementation"] == "sdpa"
 

@@ -16,6 +16,9 @@ Layout of the embedded data (``<script type="application/json" id="attnviz-data"
                "weights": {"encoding": "zlib-base64", "bits": 8 or 16, "layout",
                            "shape": [layer, head, query, key], "data": "..."}}]}
 
+and optionally ``"fit": true``: the views are fitted into the window's height (a notebook's
+fallback frame, which cannot grow to its content).
+
 Weights are quantised linearly, ``q = round(w * (2**bits - 1))`` (8 bits: error at most
 1/510 ~ 0.002; 16 bits: at most 1/131070 ~ 7.6e-6), compressed with zlib and base64-encoded;
 16-bit values are stored as two byte planes (all low bytes, then all high bytes), which

@@ -217,9 +217,9 @@ function attnvizMount(root, DATA, options) {
   }
 
   // Listeners outside `root` (window, document) are removed again by destroy().
-  function listen(target, type, handler) {
-    target.addEventListener(type, handler);
-    cleanups.push(() => target.removeEventListener(type, handler));
+  function listen(target, type, handler, capture) {
+    target.addEventListener(type, handler, !!capture);
+    cleanups.push(() => target.removeEventListener(type, handler, !!capture));
   }
 
   // Room for the views: the window on a page of its own, the host element when embedded.
@@ -230,6 +230,16 @@ function attnvizMount(root, DATA, options) {
 
   function roomHeight() {
     return page ? window.innerHeight : Math.min(window.innerHeight, 720);
+  }
+
+  // A report fitted into its window (DATA.fit: a notebook's fallback frame, which cannot grow):
+  // the pixels left below `element` for a view, above the footer. Otherwise null.
+  function fitHeight(element) {
+    if (!page || !DATA.fit) return null;
+    const top = element.getBoundingClientRect().top + window.scrollY;
+    const foot = root.querySelector(".foot");
+    const mainPad = 24; // main's bottom padding (report.css)
+    return Math.max(60, window.innerHeight - top - (foot ? foot.offsetHeight : 0) - mainPad - 4);
   }
 
   function headColour(modelHead) {
@@ -454,19 +464,33 @@ function attnvizMount(root, DATA, options) {
   const tooltip = byId("tooltip");
 
   // Place the tooltip beside `anchor` ({x, y}, viewport pixels) when it fits, else by the mouse.
+  // On a page of its own it is fixed to the window. Embedded, it is placed in the view's own box
+  // (position: absolute): a notebook's panels may have `contain: strict` or a transform, which
+  // makes `fixed` relative to the panel instead of the window, so the tooltip would land off.
   function showTooltip(event, build, anchor) {
     tooltip.replaceChildren();
     build(tooltip);
     tooltip.hidden = false;
     const pad = 14;
     const box = tooltip.getBoundingClientRect();
-    const besideAnchor = anchor && anchor.x + box.width < window.innerWidth - 4;
+    const frame = page ? null : tooltip.offsetParent;
+    const rect = frame ? frame.getBoundingClientRect() : null;
+    // Where it may go, in viewport pixels: the window, and the view's box when embedded.
+    const left = rect ? Math.max(0, rect.left) : 0;
+    const top = rect ? Math.max(0, rect.top) : 0;
+    const right = rect ? Math.min(window.innerWidth, rect.right) : window.innerWidth;
+    const bottom = rect ? Math.min(window.innerHeight, rect.bottom) : window.innerHeight;
+    const besideAnchor = anchor && anchor.x + box.width < right - 4;
     let x = besideAnchor ? anchor.x : event.clientX + pad;
     let y = besideAnchor ? anchor.y : event.clientY + pad;
-    if (x + box.width > window.innerWidth - 4) x = Math.max(4, event.clientX - pad - box.width);
-    if (y + box.height > window.innerHeight - 4) y = Math.max(4, window.innerHeight - 4 - box.height);
-    tooltip.style.left = x + "px";
-    tooltip.style.top = y + "px";
+    if (x + box.width > right - 4) x = Math.max(left + 4, event.clientX - pad - box.width);
+    if (y + box.height > bottom - 4) y = Math.max(top + 4, bottom - 4 - box.height);
+    if (frame) {
+      x -= rect.left + frame.clientLeft;
+      y -= rect.top + frame.clientTop;
+    }
+    tooltip.style.left = Math.round(x) + "px";
+    tooltip.style.top = Math.round(y) + "px";
   }
 
   function hideTooltip() {
@@ -730,7 +754,10 @@ function attnvizMount(root, DATA, options) {
 
   function modelCellSize() {
     const available = Math.max(300, roomWidth() - 120);
-    return clamp(Math.floor(available / current.H) - 8, 36, 110);
+    let size = Math.floor(available / current.H) - 8;
+    const fit = fitHeight(byId("mv-grid"));
+    if (fit !== null) size = Math.min(size, Math.floor((fit - 20) / current.L) - 8); // head labels, borders, gaps
+    return clamp(size, 36, 110);
   }
 
   function statsFor(modelLayer, modelHead) {
@@ -834,7 +861,16 @@ function attnvizMount(root, DATA, options) {
     }
     const m = selectedMatrix();
     const resolved = attnvizResolveScale(state.scale, [m]);
-    const room = clamp(Math.min(roomWidth() - 300, roomHeight() * 1.2), 240, 1100);
+    let room = clamp(Math.min(roomWidth() - 300, roomHeight() * 1.2), 240, 1100);
+    const fit = fitHeight(canvas);
+    if (fit !== null) {
+      // The title, the key labels (at most 12 px text, 148 px) and the margin take the rest.
+      const probe = canvas.getContext("2d");
+      probe.font = "12px system-ui, sans-serif";
+      let widest = 20;
+      for (const label of u.labels) widest = Math.max(widest, probe.measureText(label).width);
+      room = Math.max(n, Math.min(room, fit - 26 - (Math.min(140, Math.ceil(widest)) + 8) - 12));
+    }
     // Whole pixels per cell while they fit; past that, fractional cells fill the room.
     const cell = room / n >= 4 ? clamp(Math.floor(room / n), 4, 36) : room / n;
     const step = cell >= 9 ? 1 : Math.ceil(9 / cell);
@@ -1314,17 +1350,25 @@ function attnvizMount(root, DATA, options) {
     heat.addEventListener("mousemove", onHeatmapMove);
     heat.addEventListener("mouseleave", hideTooltip);
     // The arrow keys: anywhere on a page of its own; inside the view (focused) when embedded.
-    listen(page ? document : root, "keydown", (e) => {
+    // Embedded, the keys are taken on the window in the capture phase, before the page's own
+    // shortcuts (Notebook 7 and JupyterLab handle keys on the document in the capture phase: the
+    // arrows would move the notebook's cell as well), and stopped there when they are ours.
+    const onKey = (e) => {
       if (!current || e.altKey || e.ctrlKey || e.metaKey) return;
-      const tag = e.target && e.target.tagName;
-      if (tag === "SELECT" || tag === "INPUT" || tag === "TEXTAREA") return;
       const moves = { ArrowUp: () => moveLayer(-1), ArrowDown: () => moveLayer(1),
         ArrowLeft: () => moveHead(-1), ArrowRight: () => moveHead(1) };
       if (!moves[e.key]) return;
+      const path = e.composedPath();
+      if (!page) {
+        if (!path.includes(root)) return; // a key for something else on the page
+        e.stopPropagation();
+      }
+      const tag = path[0] && path[0].tagName;
+      if (tag === "SELECT" || tag === "INPUT" || tag === "TEXTAREA") return; // their own keys
       e.preventDefault();
-      if (!page) e.stopPropagation(); // not the notebook's own shortcuts as well
       moves[e.key]();
-    });
+    };
+    listen(page ? document : window, "keydown", onKey, !page);
     if (page) {
       listen(window, "hashchange", () => {
         const params = parseHash();
