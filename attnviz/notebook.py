@@ -208,7 +208,7 @@ def _python_words(error: UsageError) -> UsageError:
         if text is None:
             return None
         text = re.sub(r"--scale ([a-z]+)", r"scale='\1'", text)
-        return re.sub(r"--(scale|gamma|vmax)(?: (\S+))?",
+        return re.sub(r"--(scale|gamma|vmax)(?: (-?[\d.]+(?:e-?\d+)?|'[^']*'))?",
                       lambda m: f"{m.group(1)}={m.group(2)}" if m.group(2) else m.group(1), text)
 
     return UsageError(words(error.message) or error.message, words(error.hint))

@@ -295,17 +295,19 @@ def _initial_selection(selection: dict[str, Any] | None) -> dict[str, Any]:
         chosen["heads"] = [int(h) for h in selection["heads"]]
     if any(selection.get(key) is not None for key in ("scale", "gamma", "vmax")):
         chosen.update(colour_scale(selection.get("scale"), selection.get("gamma"),
-                                   selection.get("vmax")))
+                                   selection.get("vmax"), keep_gamma=True))
     return chosen
 
 
 def colour_scale(scale: str | None = None, gamma: float | None = None,
-                 vmax: str | float | None = None) -> dict[str, Any]:
+                 vmax: str | float | None = None, *, keep_gamma: bool = False
+                 ) -> dict[str, Any]:
     """A colour scale for the report's data, checked as the command line checks its options.
 
     Args:
         scale: ``power`` (default), ``linear`` or ``log``.
-        gamma: the power scale's exponent (default 0.5; only with ``power``).
+        gamma: the power scale's exponent (default 0.5; only with ``power``, unless
+            ``keep_gamma``: a view's selection keeps it for when ``power`` is chosen again).
         vmax: ``"auto"`` (default: the largest weight shown) or a number (``1``: fixed 0..1).
 
     Returns:
@@ -316,7 +318,12 @@ def colour_scale(scale: str | None = None, gamma: float | None = None,
     """
     from attnviz.render.heatmap import ColourScale
 
-    checked = ColourScale.of(scale, gamma, "auto" if vmax is None else vmax)
+    power = (scale or "power") == "power"
+    checked = ColourScale.of(scale, gamma if power or not keep_gamma else None,
+                             "auto" if vmax is None else vmax)
+    if gamma is not None and not power and keep_gamma:
+        checked = ColourScale(checked.kind, float(gamma), checked.vmax)
+        checked.check()
     return {"scale": checked.kind, "gamma": float(checked.gamma),
             "vmax": "auto" if checked.vmax is None else float(checked.vmax)}
 

@@ -470,6 +470,8 @@ function attnvizMount(root, DATA, options) {
   function showTooltip(event, build, anchor) {
     tooltip.replaceChildren();
     build(tooltip);
+    tooltip.style.left = "0px"; // measured where it has the most room
+    tooltip.style.top = "0px";
     tooltip.hidden = false;
     const pad = 14;
     const box = tooltip.getBoundingClientRect();
@@ -495,6 +497,7 @@ function attnvizMount(root, DATA, options) {
 
   function hideTooltip() {
     tooltip.hidden = true;
+    tooltip.classList.remove("wide");
     tooltip.replaceChildren();
   }
 
@@ -651,7 +654,6 @@ function attnvizMount(root, DATA, options) {
         "  (layer " + meta.layers[state.layer] + ")";
       box.appendChild(el("div", "tt-title", title));
       box.appendChild(el("div", "tt-sub", asQuery ? "attends most to" : "attended most by"));
-      const table = el("table");
       box.dataset.side = hover.side;
       box.dataset.index = String(index);
       const n = u.n;
@@ -660,12 +662,19 @@ function attnvizMount(root, DATA, options) {
       for (const head of state.heads.slice(0, 16)) {
         sections.push(["head " + meta.heads[head], headColour(meta.heads[head]), viewMatrix(state.layer, head)]);
       }
+      // Side by side in columns, so that every head fits in a view of a few tokens' height.
+      const grid = el("div", "tt-sections");
+      const columns = sections.length <= 2 ? 1 : sections.length <= 6 ? 2 : sections.length <= 12 ? 3 : 4;
+      grid.style.setProperty("--columns", String(columns));
+      box.classList.toggle("wide", columns > 1);
       for (const [name, colour, m] of sections) {
         const value = asQuery ? (j) => m[index * n + j] : (i) => m[i * n + index];
+        const table = el("table");
         tooltipSection(table, name, colour, topK(value, n, TOP_K), u.labels);
+        grid.appendChild(table);
       }
       if (state.heads.length === 0) box.appendChild(el("div", "", "Select a head to see weights."));
-      box.appendChild(table);
+      box.appendChild(grid);
     }, anchor);
   }
 
