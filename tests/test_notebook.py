@@ -1,10 +1,11 @@
 """Inline views: a real notebook run by a real kernel, its saved outputs, and both front ends.
 
 The notebook is executed with nbformat + nbclient + ipykernel, offline, by a kernel that runs
-this test's own Python (a kernel spec named ``python3`` written to a temporary folder). Its saved
-outputs must hold the widget (``application/vnd.jupyter.widget-view+json`` with its state in the
-notebook's metadata) and the static fallback (``text/html``), which is then opened in headless
-Chromium with every request outside the page blocked. The widget's own ES module is driven in
+this test's own Python (a kernel spec named ``python3`` written to a temporary folder). Each view
+is saved as two outputs: the widget (``application/vnd.jupyter.widget-view+json`` with its state
+in the notebook's metadata) and its static copy (``text/html``), which is then opened in headless
+Chromium with every request outside the page blocked. ``test_notebook_frontends.py`` opens the
+same kind of notebook in JupyterLab and Notebook 7. The widget's own ES module is driven in
 the browser too, with a stand-in for the anywidget model.
 """
 
