@@ -391,12 +391,14 @@ def capture_html(capture: Capture) -> str:
 
 
 def _in_kernel() -> bool:
-    """Whether this runs in a Jupyter kernel whose outputs can be two (not in Colab, whose
-    outputs are separate frames: there the widget's bundle carries the static copy)."""
+    """Whether a view is shown as two outputs (the widget, then its static copy): in a Jupyter
+    kernel, except under Colab (outputs in separate frames, which the copy's style sheet cannot
+    reach) and VS Code (not tried): there the widget's bundle carries the copy instead."""
     shell = sys.modules.get("IPython")
     ipython = shell.get_ipython() if shell is not None else None
-    return (ipython is not None and type(ipython).__name__ == "ZMQInteractiveShell"
-            and "google.colab" not in sys.modules)
+    if ipython is None or type(ipython).__name__ != "ZMQInteractiveShell":
+        return False
+    return "google.colab" not in sys.modules and "__vsc_ipynb_file__" not in ipython.user_ns
 
 
 class AttentionView(anywidget.AnyWidget):

@@ -187,3 +187,33 @@ def test_text_reprs_are_one_line(capture: Capture) -> None:
     view = attnviz.show(capture, view="heatmap", heads=[0, 2])
     assert PlainTextFormatter()(view) == (
         "AttentionView(heatmap view of toy: 9 tokens, layer 0, 2 heads)")
+
+
+def test_two_outputs_only_where_the_copy_can_hide(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    import IPython
+
+    from attnviz.notebook import _in_kernel
+
+    class ZMQInteractiveShell:  # the name ipykernel's shell has
+        def __init__(self) -> None:
+            self.user_ns: dict[str, Any] = {}
+
+    class TerminalInteractiveShell(ZMQInteractiveShell):
+        pass
+
+    shell = ZMQInteractiveShell()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    assert _in_kernel()  # JupyterLab, Notebook 7, nbclient
+    shell.user_ns["__vsc_ipynb_file__"] = "/work/views.ipynb"  # VS Code sets it
+    assert not _in_kernel()
+    del shell.user_ns["__vsc_ipynb_file__"]
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    assert not _in_kernel()
+    monkeypatch.delitem(sys.modules, "google.colab")
+    monkeypatch.setattr(IPython, "get_ipython", lambda: TerminalInteractiveShell())
+    assert not _in_kernel()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)
+    assert not _in_kernel()
