@@ -50,6 +50,7 @@ heat""",
     """cap""",
 ]
 VIEWS = ["heatmap", "model", "head"]  # the views of cells 1-3, in order
+LIVE_CHECK = """print("selected:", heat.layer, heat.heads)"""
 
 
 @dataclass
@@ -122,6 +123,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     untrusted = nbformat.from_dict(json.loads(json.dumps(notebook)))
     untrusted.metadata["received_from"] = "someone else"  # another notebook: not signed
     nbformat.write(untrusted, root / "untrusted.ipynb")
+    nbformat.write(notebook, root / "live.ipynb")  # a copy that a test runs in the browser
     (home / "data").mkdir()
     notary = NotebookNotary(data_dir=str(home / "data"))
     notary.sign(nbformat.read(root / "views.ipynb", as_version=4))
@@ -196,7 +198,7 @@ def _wait(target: Any, expression: str, arg: Any = None, timeout_s: float = 60.0
         if value:
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {expression}"
-        time.sleep(0.1)
+        target.wait_for_timeout(100)  # not time.sleep: the page's requests pass through Python
 
 
 def _report_frames(opened: Opened, count: int) -> list[Any]:
@@ -228,7 +230,7 @@ def test_saved_notebook_shows_its_views_without_a_kernel(open_notebook: Any, app
     frames = _report_frames(opened, len(VIEWS) + 1)  # three views and the bare capture
     # No kernel: the widget renderer can only wait ("Loading widget...") or fail ("model not
     # found"); the views' static copies show instead, and those placeholders are hidden.
-    time.sleep(1.0)
+    page.wait_for_timeout(1000)
     for text in ("Error displaying widget", "Loading widget", "model not found"):
         assert _visible_texts(page, text) == 0, text
     for frame, view in zip(frames, [*VIEWS, "head"]):
@@ -281,6 +283,18 @@ def _with_kernel(server: Server, name: str) -> None:
     """Start a new kernel for the notebook (as opening it with the default settings does)."""
     server.api("POST", "/api/sessions", {"path": name, "type": "notebook", "name": name,
                                         "kernel": {"name": "python3"}})
+
+
+def _wait_connected(page: Any, server: Server, name: str, timeout_s: float = 90.0) -> None:
+    """Wait until the page is connected to the notebook's kernel and the kernel is idle."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sessions = [s for s in server.api("GET", "/api/sessions") if s["path"] == name]
+        kernel = sessions and server.api("GET", f"/api/kernels/{sessions[0]['kernel']['id']}")
+        if kernel and kernel["connections"] >= 1 and kernel["execution_state"] == "idle":
+            return
+        assert time.monotonic() < deadline, f"no page connected to the kernel: {kernel}"
+        page.wait_for_timeout(250)
 
 
 def _live_views(page: Any, count: int) -> None:
@@ -387,6 +401,55 @@ def test_tooltips_land_next_to_the_hovered_cell(open_notebook: Any, server: Serv
         assert view["y"] <= tip[1] and tip[3] <= view["y"] + view["height"] + 1
         assert tip[1] - 40 <= token[1] <= tip[3] + 40
         assert tip[3] <= page.viewport_size["height"]
+        assert opened.outside == []
+    finally:
+        for session in server.api("GET", "/api/sessions"):
+            server.api("DELETE", f"/api/sessions/{session['id']}")
+
+
+@pytest.mark.parametrize("app", APPS)
+def test_running_notebook_shows_the_live_widget_only(open_notebook: Any, server: Server,
+                                                     app: str) -> None:
+    _with_kernel(server, "live.ipynb")
+    try:
+        opened = open_notebook(app, "live.ipynb")
+        page = opened.page
+        _wait_connected(page, server, "live.ipynb")
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.click("[data-command='runmenu:run-all']")
+        # The saved widgets (disconnected) give way to live ones, connected to the kernel.
+        _wait(page, """n => Array.from(document.querySelectorAll('[data-attnviz-live]'))
+                 .filter(e => e.dataset.ready === '1'
+                              && !e.classList.contains('jupyter-widgets-disconnected'))
+                 .length >= n""", len(VIEWS), timeout_s=120)
+        # Live: the widgets show and their static copies hide themselves (the bare capture's
+        # copy, without a key, is its only view). The notebook renders the cells on screen.
+        for index in range(len(VIEWS)):
+            page.locator("[data-attnviz-live]").nth(index).scroll_into_view_if_needed()
+            shown = page.evaluate("""() => Array.from(document.querySelectorAll(
+                '[data-attnviz-static] iframe')).map(f => f.offsetParent !== null)""")
+            assert shown and not any(shown)
+        for text in ("Error displaying widget", "Loading widget"):
+            assert _visible_texts(page, text) == 0
+        # A click in the view reaches Python: shift-click head 5, then ask the kernel.
+        host = page.locator("[data-attnviz-live]").first
+        host.scroll_into_view_if_needed()
+        x, y = _shadow(page, 0, """(() => { const r = root.querySelector(
+            '#heads .chip[data-head="5"]').getBoundingClientRect();
+            return [r.left + r.width / 2, r.top + r.height / 2]; })()""")
+        page.keyboard.down("Shift")
+        page.mouse.click(x, y)
+        page.keyboard.up("Shift")
+        _wait(page, """() => document.querySelectorAll('[data-attnviz-live]')[0].shadowRoot
+                 .getElementById('hm-canvas').getAttribute('aria-label').includes('head 5')""")
+        # A cell of our own at the end prints what Python holds.
+        page.locator(".jp-Notebook .jp-Cell").last.locator(".jp-InputPrompt").click()
+        page.keyboard.press("b")
+        page.keyboard.press("Enter")
+        page.keyboard.type(LIVE_CHECK)
+        page.keyboard.press("Shift+Enter")
+        _wait(page, """() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))
+                 .some(e => e.innerText.includes('selected: 1 [5]'))""")
         assert opened.outside == []
     finally:
         for session in server.api("GET", "/api/sessions"):
