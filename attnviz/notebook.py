@@ -59,6 +59,7 @@ IMAGE_WIDTH_PX = 880
 # below them the footer; the views are fitted into the rest (heatmap and model view).
 FRAME_CHROME_PX = 250
 FRAME_MIN_PX, FRAME_MAX_PX = 420, 1100
+HEIGHT_RANGE = (100, 10_000)  # a frame height given from Python
 
 # The selection: what the browser may set (everything else flows from Python only).
 _SYNCED = ("view", "layer", "heads", "words", "special", "scale", "gamma", "vmax")
@@ -347,6 +348,12 @@ def _static_copy(document: str, height: int, title: str, image: tuple[bytes, str
 def _fallback(data: dict[str, Any], capture: Capture, *, image: bool, words: bool,
               exclude_special: bool, height: int | None, key: str | None = None) -> str:
     from attnviz.render.html import render_html
+
+    low, high = HEIGHT_RANGE
+    if height is not None and (isinstance(height, bool) or not isinstance(height, int)
+                               or not low <= height <= high):
+        raise UsageError(f"height must be a whole number of pixels from {low} to {high}, not "
+                         f"{height!r:.40}", "leave it out for the height the view needs")
 
     selection = data["initial"]
     data = {**data, "fit": True}  # views fitted into the frame's height

@@ -293,6 +293,12 @@ def test_widget_module_two_views_on_one_page_sync_both_ways(browser, minilm_capt
         assert page.input_value("#view1 #layer") == "0"  # position of layer 4 in [4, 5]
         assert page.evaluate("attnvizModels[1].saves") == 0  # nothing echoed back
         assert page.input_value("#view0 #layer") == "2"  # the first view did not move
+        # The colour scale is part of the selection, both ways.
+        page.select_option("#view1 #scale", "log")
+        assert page.evaluate(f"{models}[1].values.scale") == "log"
+        page.evaluate("attnvizModels[1].set('vmax', 1)")
+        _wait(page, "document.getElementById('view1').shadowRoot.getElementById('hm-canvas')"
+                    ".dataset.scale === 'log scale, top = 1.00 (fixed)'")
         # Arrow keys move the focused view only.
         page.click("#view1 #hm-canvas")
         page.keyboard.press("ArrowDown")

@@ -217,3 +217,13 @@ def test_two_outputs_only_where_the_copy_can_hide(monkeypatch: pytest.MonkeyPatc
     assert not _in_kernel()
     monkeypatch.setattr(IPython, "get_ipython", lambda: None)
     assert not _in_kernel()
+
+
+@pytest.mark.parametrize("height", [0, 99, 10_001, 2.5, True, "500"])
+def test_frame_height_is_bounded(capture: Capture, height: Any) -> None:
+    with pytest.raises(UsageError, match="height must be a whole number of pixels from 100 to "
+                                         "10000"):
+        static_html(capture, height=height, image=False)
+    with pytest.raises(UsageError, match="height must be"):
+        attnviz.show(capture).static_html(height=height, image=False)
+    assert 'height: 640px' in static_html(capture, height=640, image=False)
