@@ -115,6 +115,15 @@ class Capture:
         if not self.display_tokens:
             self.display_tokens = [clean_token(t) for t in self.tokens]
 
+    def __repr__(self) -> str:
+        """One line (what a notebook shows as text): the weights are not written out."""
+        text = " ".join(self.text.split())
+        short = text if len(text) <= 40 else text[:39] + "\u2026"
+        measure = self.meta.get("measure")
+        return (f"Capture({self.model!r}: {self.num_tokens} tokens, {len(self.layers)} layers "
+                f"x {len(self.heads)} heads" + (", causal" if self.causal else "")
+                + (f", {measure}" if measure else "") + f", text={short!r})")
+
     # ----------------------------------------------------------------- shape helpers
     @property
     def num_tokens(self) -> int:

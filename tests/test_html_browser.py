@@ -135,7 +135,7 @@ def test_report_works_offline_in_every_view(open_report, wordy_capture, tmp_path
         assert pixels.std() > 10  # drawn, not blank
     page.click("#words")
     page.click("#special")
-    page.select_option("#scale", "max")
+    page.select_option("#scale", "log")
     page.click(".tabs button[data-view=head]")
     assert page.locator("#hv-left .tok").count() == len(
         exclude_special(merge_words(wordy_capture)).tokens)

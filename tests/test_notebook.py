@@ -1,10 +1,11 @@
 """Inline views: a real notebook run by a real kernel, its saved outputs, and both front ends.
 
 The notebook is executed with nbformat + nbclient + ipykernel, offline, by a kernel that runs
-this test's own Python (a kernel spec named ``python3`` written to a temporary folder). Its saved
-outputs must hold the widget (``application/vnd.jupyter.widget-view+json`` with its state in the
-notebook's metadata) and the static fallback (``text/html``), which is then opened in headless
-Chromium with every request outside the page blocked. The widget's own ES module is driven in
+this test's own Python (a kernel spec named ``python3`` written to a temporary folder). Each view
+is saved as two outputs: the widget (``application/vnd.jupyter.widget-view+json`` with its state
+in the notebook's metadata) and its static copy (``text/html``), which is then opened in headless
+Chromium with every request outside the page blocked. ``test_notebook_frontends.py`` opens the
+same kind of notebook in JupyterLab and Notebook 7. The widget's own ES module is driven in
 the browser too, with a stand-in for the anywidget model.
 """
 
@@ -102,9 +103,14 @@ def executed(tmp_path_factory: pytest.TempPathFactory, tiny_gpt2_dir: Path,
 
 
 def _display(cell: Any) -> dict[str, Any]:
-    outputs = [o for o in cell.outputs if o.output_type in ("execute_result", "display_data")]
-    assert len(outputs) == 1
-    return dict(outputs[0].data)
+    """A view's two outputs in one dict: the widget (its view and text) and its static copy."""
+    outputs = [dict(o.data) for o in cell.outputs
+               if o.output_type in ("execute_result", "display_data")]
+    assert len(outputs) == 2
+    widget, copy = outputs
+    assert set(widget) == {WIDGET_MIME, "text/plain"} and set(copy) == {"text/html", "text/plain"}
+    assert widget["text/plain"].startswith("AttentionView(") and "\n" not in widget["text/plain"]
+    return {WIDGET_MIME: widget[WIDGET_MIME], "text/html": copy["text/html"]}
 
 
 def _stream(cell: Any) -> str:
@@ -133,7 +139,9 @@ def test_saved_notebook_holds_the_widgets_and_the_fallback(executed) -> None:
         assert "attnvizMount" in synced["_esm"] and "export default" in synced["_esm"]
         doc = synced["_report"]["docs"][0]
         assert doc["tokens"] == capture.tokens and doc["text"] == capture.text
-        assert data["text/html"].startswith("<iframe") and "srcdoc=" in data["text/html"]
+        assert data["text/html"].startswith('<div class="attnviz-static"')
+        assert f'data-attnviz-static="{synced["_view_key"]}"' in data["text/html"]
+        assert "srcdoc=" in data["text/html"] and "data:image/png;base64," in data["text/html"]
     assert ids[3] == ids[4] != ids[2]  # two views, two models; the second shown twice
     assert cap_gpt2.causal and cap_gpt2.meta["model_attn_implementation"] == "sdpa"
 
@@ -285,6 +293,12 @@ def test_widget_module_two_views_on_one_page_sync_both_ways(browser, minilm_capt
         assert page.input_value("#view1 #layer") == "0"  # position of layer 4 in [4, 5]
         assert page.evaluate("attnvizModels[1].saves") == 0  # nothing echoed back
         assert page.input_value("#view0 #layer") == "2"  # the first view did not move
+        # The colour scale is part of the selection, both ways.
+        page.select_option("#view1 #scale", "log")
+        assert page.evaluate(f"{models}[1].values.scale") == "log"
+        page.evaluate("attnvizModels[1].set('vmax', 1)")
+        _wait(page, "document.getElementById('view1').shadowRoot.getElementById('hm-canvas')"
+                    ".dataset.scale === 'log scale, top = 1.00 (fixed)'")
         # Arrow keys move the focused view only.
         page.click("#view1 #hm-canvas")
         page.keyboard.press("ArrowDown")

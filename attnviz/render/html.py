@@ -7,7 +7,8 @@ the report's own (pinned by its SHA-256), so even a token that looks like HTML c
 Layout of the embedded data (``<script type="application/json" id="attnviz-data">``)::
 
     {"format": "attnviz-report", "version": 1, "title": ..., "generator": "attnviz 0.2.0",
-     "initial": {"words": false, "special": true, and optionally "view", "layer", "heads"},
+     "initial": {"words": false, "special": true, and optionally "view", "layer", "heads",
+                 "scale", "gamma", "vmax"},
      "docs": [{"model", "text", "pair", "causal", "layers", "heads", "num_layers",
                "num_heads", "tokens", "display_tokens", "special", "word_ids",
                "words": {"groups", "labels", "special"} or null,
@@ -15,10 +16,17 @@ Layout of the embedded data (``<script type="application/json" id="attnviz-data"
                "weights": {"encoding": "zlib-base64", "bits": 8 or 16, "layout",
                            "shape": [layer, head, query, key], "data": "..."}}]}
 
+and optionally ``"fit": true``: the views are fitted into the window's height (a notebook's
+fallback frame, which cannot grow to its content).
+
 Weights are quantised linearly, ``q = round(w * (2**bits - 1))`` (8 bits: error at most
 1/510 ~ 0.002; 16 bits: at most 1/131070 ~ 7.6e-6), compressed with zlib and base64-encoded;
 16-bit values are stored as two byte planes (all low bytes, then all high bytes), which
 compresses better. The browser decodes them with ``DecompressionStream``.
+
+Colours follow the command line's colour scales (``--scale power|linear|log``, ``--gamma``,
+``--vmax auto|number``; default power 0.5 with the top at the largest weight shown): the same
+defaults and the same mapping (:class:`attnviz.render.heatmap.ColourScale`), offered as controls.
 
 One front end draws every view of this data: ``report.js`` defines ``attnvizMount(root, data,
 options)``. The standalone report inlines it as a classic script, which mounts itself on the
@@ -54,6 +62,8 @@ FORMAT_VERSION = 1
 PRECISIONS = (8, 16)
 DEFAULT_PRECISION = 8
 DEFAULT_TOP_K = 5
+# What a selection (the report's initial view, a notebook view) may name.
+SELECTION_KEYS = ("view", "layer", "heads", "scale", "gamma", "vmax")
 # Past this many weights in one text, a browser tab needs hundreds of MB: refuse, say how to cut.
 MAX_WEIGHTS_PER_TEXT = 1 << 28
 _DATA_RE = re.compile(
@@ -247,7 +257,8 @@ def report_data(captures: Sequence[Capture], *, title: str | None = None,
     """Everything the report's script reads, as a JSON-ready dict.
 
     ``selection`` opens the report on a view, layer and heads (``{"view": "heatmap",
-    "layer": 3, "heads": [7]}``, model indices); the address (``#...``) still overrides it.
+    "layer": 3, "heads": [7]}``, model indices) and a colour scale (``"scale"``, ``"gamma"``,
+    ``"vmax"`` as :func:`colour_scale` takes them); the address (``#...``) still overrides it.
     """
     from attnviz._version import __version__
 
@@ -271,10 +282,10 @@ def report_data(captures: Sequence[Capture], *, title: str | None = None,
 def _initial_selection(selection: dict[str, Any] | None) -> dict[str, Any]:
     if not selection:
         return {}
-    unknown = set(selection) - {"view", "layer", "heads"}
+    unknown = set(selection) - set(SELECTION_KEYS)
     if unknown:
         raise UsageError(f"unknown selection key(s): {', '.join(sorted(unknown))}",
-                         "a selection has view, layer and heads")
+                         f"a selection has {', '.join(SELECTION_KEYS)}")
     chosen: dict[str, Any] = {}
     if selection.get("view") is not None:
         chosen["view"] = str(selection["view"])
@@ -282,7 +293,39 @@ def _initial_selection(selection: dict[str, Any] | None) -> dict[str, Any]:
         chosen["layer"] = int(selection["layer"])
     if selection.get("heads") is not None:
         chosen["heads"] = [int(h) for h in selection["heads"]]
+    if any(selection.get(key) is not None for key in ("scale", "gamma", "vmax")):
+        chosen.update(colour_scale(selection.get("scale"), selection.get("gamma"),
+                                   selection.get("vmax"), keep_gamma=True))
     return chosen
+
+
+def colour_scale(scale: str | None = None, gamma: float | None = None,
+                 vmax: str | float | None = None, *, keep_gamma: bool = False
+                 ) -> dict[str, Any]:
+    """A colour scale for the report's data, checked as the command line checks its options.
+
+    Args:
+        scale: ``power`` (default), ``linear`` or ``log``.
+        gamma: the power scale's exponent (default 0.5; only with ``power``, unless
+            ``keep_gamma``: a view's selection keeps it for when ``power`` is chosen again).
+        vmax: ``"auto"`` (default: the largest weight shown) or a number (``1``: fixed 0..1).
+
+    Returns:
+        ``{"scale", "gamma", "vmax"}`` with ``vmax`` ``"auto"`` or a float.
+
+    Raises:
+        UsageError: an unknown scale, a gamma out of range or without ``power``, a bad vmax.
+    """
+    from attnviz.render.heatmap import ColourScale
+
+    power = (scale or "power") == "power"
+    checked = ColourScale.of(scale, gamma if power or not keep_gamma else None,
+                             "auto" if vmax is None else vmax)
+    if gamma is not None and not power and keep_gamma:
+        checked = ColourScale(checked.kind, float(gamma), checked.vmax)
+        checked.check()
+    return {"scale": checked.kind, "gamma": float(checked.gamma),
+            "vmax": "auto" if checked.vmax is None else float(checked.vmax)}
 
 
 # --------------------------------------------------------------------------- HTML

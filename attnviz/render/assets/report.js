@@ -13,32 +13,164 @@
  * drawn with fillText, never parsed as HTML. Nothing here makes a network request.
  *
  * options: page (bool), host (element whose width bounds the views), selection ({view, layer,
- * heads, words, special, scale}, model indices) to open with, onChange(selection) called after
- * every change of the selection. Returns {ready, selection(), set(selection), destroy()}.
+ * heads, words, special, scale, gamma, vmax}, model indices) to open with, onChange(selection)
+ * called after every change of the selection. Returns {ready, selection(), set(selection), destroy()}.
  */
+// Viridis, 256 entries of RGB as hex: the bytes matplotlib paints (colour_table("viridis").rgb).
+const ATTNVIZ_VIRIDIS_HEX =
+  "44015444025544035745055845065a45085b46095c460b5e460c5f460e61470f62471163471265471466471567471669" +
+  "47186a48196b481a6c481c6e481d6f481e70482071482172482273482374472575472676472777472878472a79472b7a" +
+  "472c7b462d7c462f7c46307d46317e45327f45347f453580453681443781443982433a83433b83433c84423d84423e85" +
+  "4240854141864142864043874044873f45873f47883e48883e49893d4a893d4b893d4c893c4d8a3c4e8a3b508a3b518a" +
+  "3a528b3a538b39548b39558b38568b38578c37588c37598c365a8c365b8c355c8c355d8c345e8d345f8d33608d33618d" +
+  "32628d32638d31648d31658d31668d30678d30688d2f698d2f6a8d2e6b8e2e6c8e2e6d8e2d6e8e2d6f8e2c708e2c718e" +
+  "2c728e2b738e2b748e2a758e2a768e2a778e29788e29798e287a8e287a8e287b8e277c8e277d8e277e8e267f8e26808e" +
+  "26818e25828e25838d24848d24858d24868d23878d23888d23898d22898d228a8d228b8d218c8d218d8c218e8c208f8c" +
+  "20908c20918c1f928c1f938b1f948b1f958b1f968b1e978a1e988a1e998a1e998a1e9a891e9b891e9c891e9d881e9e88" +
+  "1e9f881ea0871fa1871fa2861fa38620a48520a58521a68521a78422a78423a88323a98224aa8225ab8126ac8127ad80" +
+  "28ae7f29af7f2ab07e2bb17d2cb17d2eb27c2fb37b30b47a32b57a33b67935b77836b87738b97639b9763bba753dbb74" +
+  "3ebc7340bd7242be7144be7045bf6f47c06e49c16d4bc26c4dc26b4fc36951c46853c56755c66657c66559c7645bc862" +
+  "5ec96160c96062ca5f64cb5d67cc5c69cc5b6bcd596dce5870ce5672cf5574d05477d05279d1517cd24f7ed24e81d34c" +
+  "83d34b86d44988d5478bd5468dd64490d64392d74195d73f97d83e9ad83c9dd93a9fd938a2da37a5da35a7db33aadb32" +
+  "addc30afdc2eb2dd2cb5dd2bb7dd29bade27bdde26bfdf24c2df22c5df21c7e01fcae01ecde01dcfe11cd2e11bd4e11a" +
+  "d7e219dae218dce218dfe318e1e318e4e318e7e419e9e419ece41aeee51bf1e51cf3e51ef6e61ff8e621fae622fde724";
+const ATTNVIZ_VIRIDIS = new Uint8Array(768);
+for (let i = 0; i < 768; i++) ATTNVIZ_VIRIDIS[i] = parseInt(ATTNVIZ_VIRIDIS_HEX.substr(i * 2, 2), 16);
+
+/* Colour scales, exactly as the command line's figures map weights to colours
+ * (attnviz/render/heatmap.py: ColourScale, ResolvedScale.unit, ColourTable.unit_bins): the same
+ * kinds, defaults and arithmetic, so a view and a PNG of the same head show the same colours.
+ * A scale is {kind, gamma, vmax} as chosen ("auto" or a number); resolved against the data shown
+ * it becomes {kind, gamma, top, auto}. */
+const ATTNVIZ_SCALE = Object.freeze({
+  kinds: ["power", "linear", "log"],
+  kind: "power", // the default: small weights stay visible
+  gamma: 0.5, // power 0.5: a weight a quarter of the maximum gets half the colour range
+  vmax: "auto", // the top colour is the largest weight shown
+  gammaRange: [0.05, 5],
+  vmaxLimit: 1e6,
+  logDecades: 3, // the log scale shows weights from top / 1000 to top
+  bins: 256, // entries of the colour map
+});
+
+// {kind, gamma, vmax} from loose values (an address, Python, a form): null when not valid.
+function attnvizCheckScale(kind, gamma, vmax) {
+  if (!ATTNVIZ_SCALE.kinds.includes(kind)) return null;
+  const g = Number(gamma);
+  if (!Number.isFinite(g) || g < ATTNVIZ_SCALE.gammaRange[0] || g > ATTNVIZ_SCALE.gammaRange[1]) return null;
+  let top = "auto";
+  if (vmax !== "auto" && vmax !== "" && vmax !== null && vmax !== undefined) {
+    top = Number(vmax);
+    if (!Number.isFinite(top) || top <= 0 || top > ATTNVIZ_SCALE.vmaxLimit) return null;
+  }
+  return { kind, gamma: g, vmax: top };
+}
+
+// The scale for this data: an "auto" top is the largest finite weight of `arrays` (1 if none > 0).
+function attnvizResolveScale(scale, arrays) {
+  let top = scale.vmax;
+  if (top === "auto") {
+    top = -Infinity;
+    for (const values of arrays) {
+      for (let i = 0; i < values.length; i++) if (values[i] > top) top = values[i];
+    }
+    if (!(top > 0) || !Number.isFinite(top)) top = 1;
+  }
+  return { kind: scale.kind, gamma: scale.gamma, top, auto: scale.vmax === "auto" };
+}
+
+// A weight -> 0..1 (ResolvedScale.unit).
+function attnvizScaleUnit(resolved, value) {
+  if (resolved.kind === "linear") return value / resolved.top;
+  if (resolved.kind === "power") {
+    return Math.pow(value > 0 ? value : 0, resolved.gamma) / Math.pow(resolved.top, resolved.gamma);
+  }
+  const floor = resolved.top / Math.pow(10, ATTNVIZ_SCALE.logDecades);
+  const low = Math.log10(floor);
+  const high = Math.log10(resolved.top);
+  return (Math.log10(Math.min(Math.max(value, floor), resolved.top)) - low) / (high - low);
+}
+
+// 0..1 -> the colour map's entry, as matplotlib bins it (NaN -> 0).
+function attnvizScaleBin(unit) {
+  const n = ATTNVIZ_SCALE.bins;
+  if (Number.isNaN(unit)) return 0;
+  return Math.max(0, Math.min(n - 1, Math.floor(unit * n)));
+}
+
+// The colour bar's ticks: [{unit, value, label}], as ResolvedScale.tick_units/tick_labels.
+function attnvizScaleTicks(resolved) {
+  const decades = ATTNVIZ_SCALE.logDecades;
+  const units = resolved.kind === "log" ? Array.from({ length: decades + 1 }, (_, i) => i / decades)
+    : [0, 0.5, 1];
+  const floor = resolved.top / Math.pow(10, decades);
+  return units.map((unit, i) => {
+    let value;
+    if (resolved.kind === "linear") value = unit * resolved.top;
+    else if (resolved.kind === "power") value = resolved.top * Math.pow(unit, 1 / resolved.gamma);
+    else value = floor * Math.pow(10, unit * decades);
+    let label = attnvizFormatWeight(value);
+    if (resolved.kind === "log" && i === 0) label = "\u2264" + label;
+    return { unit, value, label };
+  });
+}
+
+// A weight as the figures label it (heatmap._format_value): 0, two decimals from 0.1, else two
+// significant digits, exactly as Python formats them ("{:.2f}", "{:.2g}").
+function attnvizFormatWeight(value) {
+  if (value === 0) return "0";
+  if (Math.abs(value) >= 0.1) return attnvizRound(value, null, 2).text;
+  const first = attnvizRound(value, 2, null); // "{:.2g}": fixed from 1e-4, else 5e-05
+  if (first.exponent < -4 || first.exponent >= 2) {
+    const mantissa = first.digits[0] + (first.digits[1] !== "0" ? "." + first.digits[1] : "");
+    const sign = first.exponent < 0 ? "-" : "+";
+    return (value < 0 ? "-" : "") + mantissa + "e" + sign + String(Math.abs(first.exponent)).padStart(2, "0");
+  }
+  const text = attnvizRound(value, null, 1 - first.exponent).text;
+  return text.includes(".") ? text.replace(/0+$/, "").replace(/\.$/, "") : text;
+}
+
+// `value` rounded as Python rounds when it formats: on the exact binary value, ties to even.
+// Either `significant` digits or `decimals` after the point. Returns {text (fixed notation),
+// digits (the rounded significant digits), exponent (of the first of them)}.
+function attnvizRound(value, significant, decimals) {
+  const [mantissa, power] = Math.abs(value).toExponential(99).split("e"); // exact to 100 digits
+  let digits = mantissa.replace(".", "");
+  let exponent = Number(power);
+  const keep = significant !== null ? significant : exponent + 1 + decimals;
+  let kept = keep > 0 ? digits.slice(0, keep) : "";
+  const rest = keep >= 0 ? digits.slice(keep) : "0".repeat(-keep) + digits;
+  const tie = rest[0] === "5" && /^5?0*$/.test(rest);
+  const last = kept.length ? Number(kept[kept.length - 1]) : 0;
+  if (rest[0] > "5" || (rest[0] === "5" && !tie) || (tie && last % 2 === 1)) {
+    // add one in the last kept place, carrying
+    const carried = (BigInt(kept || "0") + 1n).toString();
+    if (carried.length > Math.max(kept.length, 1) || (!kept.length)) exponent += 1;
+    kept = carried;
+  }
+  if (significant !== null) kept = kept.slice(0, significant);
+  digits = kept.padEnd(Math.max(1, significant || 0), "0");
+  let text = "";
+  if (significant === null) {
+    const whole = kept.padStart(decimals + 1, "0");
+    text = whole.slice(0, whole.length - decimals) + (decimals ? "." + whole.slice(whole.length - decimals) : "");
+    text = (value < 0 && /[1-9]/.test(text) ? "-" : "") + text;
+  }
+  return { text, digits, exponent };
+}
+
+// "sqrt scale, top = max shown" (the colour bar's label, ResolvedScale.label).
+function attnvizScaleLabel(resolved) {
+  let name = resolved.kind + " scale";
+  if (resolved.kind === "power") {
+    name = resolved.gamma === 0.5 ? "sqrt scale" : "power " + Number(resolved.gamma.toPrecision(6)) + " scale";
+  }
+  return name + ", " + (resolved.auto ? "top = max shown" : "top = " + attnvizFormatWeight(resolved.top) + " (fixed)");
+}
+
 function attnvizMount(root, DATA, options) {
   "use strict";
 
-  // Viridis, 256 entries of RGB (matplotlib's colour map), as hex.
-  const VIRIDIS_HEX =
-    "44015444025645045745055946075a46085c460a5d460b5e470d60470e61471063471164471365481467481668481769" +
-    "48186a481a6c481b6d481c6e481d6f481f70482071482173482374482475482576482677482878482979472a7a472c7a" +
-    "472d7b472e7c472f7d46307e46327e46337f463480453581453781453882443983443a83443b84433d84433e85423f85" +
-    "4240864241864142874144874045884046883f47883f48893e49893e4a893e4c8a3d4d8a3d4e8a3c4f8a3c508b3b518b" +
-    "3b528b3a538b3a548c39558c39568c38588c38598c375a8c375b8d365c8d365d8d355e8d355f8d34608d34618d33628d" +
-    "33638d32648e32658e31668e31678e31688e30698e306a8e2f6b8e2f6c8e2e6d8e2e6e8e2e6f8e2d708e2d718e2c718e" +
-    "2c728e2c738e2b748e2b758e2a768e2a778e2a788e29798e297a8e297b8e287c8e287d8e277e8e277f8e27808e26818e" +
-    "26828e26828e25838e25848e25858e24868e24878e23888e23898e238a8d228b8d228c8d228d8d218e8d218f8d21908d" +
-    "21918c20928c20928c20938c1f948c1f958b1f968b1f978b1f988b1f998a1f9a8a1e9b8a1e9c891e9d891f9e891f9f88" +
-    "1fa0881fa1881fa1871fa28720a38620a48621a58521a68522a78522a88423a98324aa8325ab8225ac8226ad8127ad81" +
-    "28ae8029af7f2ab07f2cb17e2db27d2eb37c2fb47c31b57b32b67a34b67935b77937b87838b9773aba763bbb753dbc74" +
-    "3fbc7340bd7242be7144bf7046c06f48c16e4ac16d4cc26c4ec36b50c46a52c56954c56856c66758c7655ac8645cc863" +
-    "5ec96260ca6063cb5f65cb5e67cc5c69cd5b6ccd5a6ece5870cf5773d05675d05477d1537ad1517cd2507fd34e81d34d" +
-    "84d44b86d54989d5488bd6468ed64590d74393d74195d84098d83e9bd93c9dd93ba0da39a2da37a5db36a8db34aadc32" +
-    "addc30b0dd2fb2dd2db5de2bb8de29bade28bddf26c0df25c2df23c5e021c8e020cae11fcde11dd0e11cd2e21bd5e21a" +
-    "d8e219dae319dde318dfe318e2e418e5e419e7e419eae51aece51befe51cf1e51df4e61ef6e620f8e621fbe723fde725";
-  const LUT = new Uint8Array(768);
-  for (let i = 0; i < 768; i++) LUT[i] = parseInt(VIRIDIS_HEX.substr(i * 2, 2), 16);
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
     "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a"];
   const LINE_MIN = 0.01; // fainter lines are invisible: skip them in the full head view
@@ -63,7 +195,7 @@ function attnvizMount(root, DATA, options) {
     heads: [], // positions in doc.heads, sorted
     words: !!initial.words,
     special: initial.special !== false,
-    scale: "1",
+    scale: { kind: ATTNVIZ_SCALE.kind, gamma: ATTNVIZ_SCALE.gamma, vmax: ATTNVIZ_SCALE.vmax },
   };
   let current = null; // the decoded document on screen
   const decodedDocs = new Map();
@@ -85,9 +217,9 @@ function attnvizMount(root, DATA, options) {
   }
 
   // Listeners outside `root` (window, document) are removed again by destroy().
-  function listen(target, type, handler) {
-    target.addEventListener(type, handler);
-    cleanups.push(() => target.removeEventListener(type, handler));
+  function listen(target, type, handler, capture) {
+    target.addEventListener(type, handler, !!capture);
+    cleanups.push(() => target.removeEventListener(type, handler, !!capture));
   }
 
   // Room for the views: the window on a page of its own, the host element when embedded.
@@ -98,6 +230,16 @@ function attnvizMount(root, DATA, options) {
 
   function roomHeight() {
     return page ? window.innerHeight : Math.min(window.innerHeight, 720);
+  }
+
+  // A report fitted into its window (DATA.fit: a notebook's fallback frame, which cannot grow):
+  // the pixels left below `element` for a view, above the footer. Otherwise null.
+  function fitHeight(element) {
+    if (!page || !DATA.fit) return null;
+    const top = element.getBoundingClientRect().top + window.scrollY;
+    const foot = root.querySelector(".foot");
+    const mainPad = 24; // main's bottom padding (report.css)
+    return Math.max(60, window.innerHeight - top - (foot ? foot.offsetHeight : 0) - mainPad - 4);
   }
 
   function headColour(modelHead) {
@@ -114,9 +256,19 @@ function attnvizMount(root, DATA, options) {
     return value.toFixed(digits());
   }
 
-  function colourAt(value, vmax) {
-    const index = clamp(Math.round((value / vmax) * 255), 0, 255) * 3;
-    return [LUT[index], LUT[index + 1], LUT[index + 2]];
+  // The colour of a weight on a resolved scale (attnvizResolveScale), as the figures paint it.
+  function colourAt(value, resolved) {
+    const index = attnvizScaleBin(attnvizScaleUnit(resolved, value)) * 3;
+    return [ATTNVIZ_VIRIDIS[index], ATTNVIZ_VIRIDIS[index + 1], ATTNVIZ_VIRIDIS[index + 2]];
+  }
+
+  // Dark text on light colours, white on dark ones (luminance < 0.5), as the figures write values.
+  function textColour(rgb) {
+    return (0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2]) / 255 < 0.5 ? "#fff" : "#000";
+  }
+
+  function scaleKey() {
+    return state.scale.kind + ":" + state.scale.gamma + ":" + state.scale.vmax;
   }
 
   function dpr(heightCss) {
@@ -312,23 +464,40 @@ function attnvizMount(root, DATA, options) {
   const tooltip = byId("tooltip");
 
   // Place the tooltip beside `anchor` ({x, y}, viewport pixels) when it fits, else by the mouse.
+  // On a page of its own it is fixed to the window. Embedded, it is placed in the view's own box
+  // (position: absolute): a notebook's panels may have `contain: strict` or a transform, which
+  // makes `fixed` relative to the panel instead of the window, so the tooltip would land off.
   function showTooltip(event, build, anchor) {
     tooltip.replaceChildren();
     build(tooltip);
+    tooltip.style.left = "0px"; // measured where it has the most room
+    tooltip.style.top = "0px";
     tooltip.hidden = false;
     const pad = 14;
     const box = tooltip.getBoundingClientRect();
-    const besideAnchor = anchor && anchor.x + box.width < window.innerWidth - 4;
+    const frame = page ? null : tooltip.offsetParent;
+    const rect = frame ? frame.getBoundingClientRect() : null;
+    // Where it may go, in viewport pixels: the window, and the view's box when embedded.
+    const left = rect ? Math.max(0, rect.left) : 0;
+    const top = rect ? Math.max(0, rect.top) : 0;
+    const right = rect ? Math.min(window.innerWidth, rect.right) : window.innerWidth;
+    const bottom = rect ? Math.min(window.innerHeight, rect.bottom) : window.innerHeight;
+    const besideAnchor = anchor && anchor.x + box.width < right - 4;
     let x = besideAnchor ? anchor.x : event.clientX + pad;
     let y = besideAnchor ? anchor.y : event.clientY + pad;
-    if (x + box.width > window.innerWidth - 4) x = Math.max(4, event.clientX - pad - box.width);
-    if (y + box.height > window.innerHeight - 4) y = Math.max(4, window.innerHeight - 4 - box.height);
-    tooltip.style.left = x + "px";
-    tooltip.style.top = y + "px";
+    if (x + box.width > right - 4) x = Math.max(left + 4, event.clientX - pad - box.width);
+    if (y + box.height > bottom - 4) y = Math.max(top + 4, bottom - 4 - box.height);
+    if (frame) {
+      x -= rect.left + frame.clientLeft;
+      y -= rect.top + frame.clientTop;
+    }
+    tooltip.style.left = Math.round(x) + "px";
+    tooltip.style.top = Math.round(y) + "px";
   }
 
   function hideTooltip() {
     tooltip.hidden = true;
+    tooltip.classList.remove("wide");
     tooltip.replaceChildren();
   }
 
@@ -485,7 +654,6 @@ function attnvizMount(root, DATA, options) {
         "  (layer " + meta.layers[state.layer] + ")";
       box.appendChild(el("div", "tt-title", title));
       box.appendChild(el("div", "tt-sub", asQuery ? "attends most to" : "attended most by"));
-      const table = el("table");
       box.dataset.side = hover.side;
       box.dataset.index = String(index);
       const n = u.n;
@@ -494,12 +662,19 @@ function attnvizMount(root, DATA, options) {
       for (const head of state.heads.slice(0, 16)) {
         sections.push(["head " + meta.heads[head], headColour(meta.heads[head]), viewMatrix(state.layer, head)]);
       }
+      // Side by side in columns, so that every head fits in a view of a few tokens' height.
+      const grid = el("div", "tt-sections");
+      const columns = sections.length <= 2 ? 1 : sections.length <= 6 ? 2 : sections.length <= 12 ? 3 : 4;
+      grid.style.setProperty("--columns", String(columns));
+      box.classList.toggle("wide", columns > 1);
       for (const [name, colour, m] of sections) {
         const value = asQuery ? (j) => m[index * n + j] : (i) => m[i * n + index];
+        const table = el("table");
         tooltipSection(table, name, colour, topK(value, n, TOP_K), u.labels);
+        grid.appendChild(table);
       }
       if (state.heads.length === 0) box.appendChild(el("div", "", "Select a head to see weights."));
-      box.appendChild(table);
+      box.appendChild(grid);
     }, anchor);
   }
 
@@ -548,22 +723,15 @@ function attnvizMount(root, DATA, options) {
   }
 
   // ------------------------------------------------------------------ model view
-  function thumbnail(canvas, layer, head) {
+  // A head's matrix pooled to at most THUMB_MAX pixels a side: each pixel holds the largest
+  // weight of its block of tokens, so thin patterns survive (and the pooled maximum is the
+  // matrix's maximum, which an "auto" top needs).
+  function pooled(layer, head) {
     const m = viewMatrix(layer, head, false);
     const n = units().n;
     const block = Math.max(1, Math.ceil(n / THUMB_MAX));
     const r = Math.max(1, Math.ceil(n / block));
-    canvas.width = r;
-    canvas.height = r;
-    const ctx = canvas.getContext("2d");
-    const image = ctx.createImageData(r, r);
-    let vmax = 1;
-    if (state.scale === "max") {
-      vmax = 0;
-      for (let i = 0; i < m.length; i++) if (m[i] > vmax) vmax = m[i];
-      vmax = vmax || 1;
-    }
-    // Each pixel shows the largest weight of its block of tokens, so thin patterns survive.
+    const out = new Float32Array(r * r);
     for (let a = 0; a < r; a++) {
       for (let b = 0; b < r; b++) {
         let best = 0;
@@ -571,20 +739,34 @@ function attnvizMount(root, DATA, options) {
           const row = i * n;
           for (let j = b * block; j < Math.min(n, (b + 1) * block); j++) if (m[row + j] > best) best = m[row + j];
         }
-        const [red, green, blue] = colourAt(best, vmax);
-        const p = (a * r + b) * 4;
-        image.data[p] = red;
-        image.data[p + 1] = green;
-        image.data[p + 2] = blue;
-        image.data[p + 3] = 255;
+        out[a * r + b] = best;
       }
+    }
+    return { r, values: out };
+  }
+
+  function thumbnail(canvas, cell, resolved) {
+    const { r, values } = cell;
+    canvas.width = r;
+    canvas.height = r;
+    const ctx = canvas.getContext("2d");
+    const image = ctx.createImageData(r, r);
+    for (let i = 0; i < r * r; i++) {
+      const [red, green, blue] = colourAt(values[i], resolved);
+      image.data[i * 4] = red;
+      image.data[i * 4 + 1] = green;
+      image.data[i * 4 + 2] = blue;
+      image.data[i * 4 + 3] = 255;
     }
     ctx.putImageData(image, 0, 0);
   }
 
   function modelCellSize() {
     const available = Math.max(300, roomWidth() - 120);
-    return clamp(Math.floor(available / current.H) - 8, 36, 110);
+    let size = Math.floor(available / current.H) - 8;
+    const fit = fitHeight(byId("mv-grid"));
+    if (fit !== null) size = Math.min(size, Math.floor((fit - 20) / current.L) - 8); // head labels, borders, gaps
+    return clamp(size, 36, 110);
   }
 
   function statsFor(modelLayer, modelHead) {
@@ -600,6 +782,12 @@ function attnvizMount(root, DATA, options) {
     grid.style.gridTemplateColumns = "auto repeat(" + current.H + ", " + (size + 4) + "px)";
     const items = [el("div", "label", "")];
     meta.heads.forEach((h) => items.push(el("div", "label", "head " + h)));
+    // One colour scale for the whole grid, as the command line's overview draws it.
+    const cells = [];
+    for (let l = 0; l < current.L; l++) for (let h = 0; h < current.H; h++) cells.push(pooled(l, h));
+    const resolved = attnvizResolveScale(state.scale, cells.map((cell) => cell.values));
+    grid.dataset.top = String(resolved.top);
+    grid.title = attnvizScaleLabel(resolved);
     for (let l = 0; l < current.L; l++) {
       items.push(el("div", "label", "layer " + meta.layers[l]));
       for (let h = 0; h < current.H; h++) {
@@ -611,12 +799,12 @@ function attnvizMount(root, DATA, options) {
         const stats = statsFor(meta.layers[l], meta.heads[h]);
         canvas.title = "layer " + meta.layers[l] + ", head " + meta.heads[h] +
           (stats && stats.label ? ": " + stats.label : "");
-        thumbnail(canvas, l, h);
+        thumbnail(canvas, cells[l * current.H + h], resolved);
         items.push(canvas);
       }
     }
     grid.replaceChildren(...items);
-    built.model = layoutKey() + "|" + state.scale + "|" + size;
+    built.model = layoutKey() + "|" + scaleKey() + "|" + size;
   }
 
   function markModelSelection() {
@@ -681,13 +869,17 @@ function attnvizMount(root, DATA, options) {
       return;
     }
     const m = selectedMatrix();
-    let vmax = 1;
-    if (state.scale === "max") {
-      vmax = 0;
-      for (let i = 0; i < m.length; i++) if (m[i] > vmax) vmax = m[i];
-      vmax = vmax || 1;
+    const resolved = attnvizResolveScale(state.scale, [m]);
+    let room = clamp(Math.min(roomWidth() - 300, roomHeight() * 1.2), 240, 1100);
+    const fit = fitHeight(canvas);
+    if (fit !== null) {
+      // The title, the key labels (at most 12 px text, 148 px) and the margin take the rest.
+      const probe = canvas.getContext("2d");
+      probe.font = "12px system-ui, sans-serif";
+      let widest = 20;
+      for (const label of u.labels) widest = Math.max(widest, probe.measureText(label).width);
+      room = Math.max(n, Math.min(room, fit - 26 - (Math.min(140, Math.ceil(widest)) + 8) - 12));
     }
-    const room = clamp(Math.min(roomWidth() - 300, roomHeight() * 1.2), 240, 1100);
     // Whole pixels per cell while they fit; past that, fractional cells fill the room.
     const cell = room / n >= 4 ? clamp(Math.floor(room / n), 4, 36) : room / n;
     const step = cell >= 9 ? 1 : Math.ceil(9 / cell);
@@ -703,7 +895,7 @@ function attnvizMount(root, DATA, options) {
     const size = n * cell;
     const barX = x0 + size + 18;
     const barH = Math.max(size, 120);
-    const width = barX + 14 + 48;
+    const width = barX + 14 + 64;
     const height = y0 + Math.max(size, barH) + 12;
     const ctx = sizeCanvas(canvas, Math.max(width, 360), height);
     ctx.fillStyle = "#fff";
@@ -719,7 +911,7 @@ function attnvizMount(root, DATA, options) {
     const pctx = pixels.getContext("2d");
     const image = pctx.createImageData(n, n);
     for (let i = 0; i < n * n; i++) {
-      const [red, green, blue] = colourAt(m[i], vmax);
+      const [red, green, blue] = colourAt(m[i], resolved);
       image.data[i * 4] = red;
       image.data[i * 4 + 1] = green;
       image.data[i * 4 + 2] = blue;
@@ -750,26 +942,36 @@ function attnvizMount(root, DATA, options) {
       for (let i = 0; i < n; i++) {
         for (let j = 0; j < n; j++) {
           const v = m[i * n + j];
-          ctx.fillStyle = v / vmax > 0.6 ? "#000" : "#fff";
+          ctx.fillStyle = textColour(colourAt(v, resolved));
           ctx.fillText(v.toFixed(2), x0 + j * cell + cell / 2, y0 + i * cell + cell / 2);
         }
       }
     }
-    // Colour scale.
+    // Colour bar: the colour map from 0 to 1 of the scale, ticks where the figures put them.
     for (let p = 0; p < barH; p++) {
-      const [red, green, blue] = colourAt(vmax * (1 - p / (barH - 1)), vmax);
-      ctx.fillStyle = "rgb(" + red + "," + green + "," + blue + ")";
+      const index = attnvizScaleBin(1 - p / (barH - 1)) * 3;
+      ctx.fillStyle = "rgb(" + ATTNVIZ_VIRIDIS[index] + "," + ATTNVIZ_VIRIDIS[index + 1] + "," +
+        ATTNVIZ_VIRIDIS[index + 2] + ")";
       ctx.fillRect(barX, y0 + p, 14, 1);
     }
     ctx.fillStyle = "#1d1f23";
     ctx.font = "11px system-ui, sans-serif";
     ctx.textAlign = "left";
-    for (const fraction of [0, 0.25, 0.5, 0.75, 1]) {
-      const value = vmax * fraction;
-      const yy = y0 + (1 - fraction) * (barH - 1);
+    for (const tick of attnvizScaleTicks(resolved)) {
+      const yy = y0 + (1 - tick.unit) * (barH - 1);
       ctx.fillRect(barX + 14, yy, 4, 1);
-      ctx.fillText(value.toFixed(2), barX + 20, yy);
+      ctx.fillText(tick.label, barX + 20, yy);
     }
+    const scaleLabel = attnvizScaleLabel(resolved);
+    ctx.save();
+    ctx.translate(barX + 58, y0 + barH / 2);
+    ctx.rotate(Math.PI / 2);
+    ctx.textAlign = "center";
+    ctx.fillStyle = "#5f6670";
+    ctx.fillText(scaleLabel, 0, 0, Math.max(barH, 120));
+    ctx.restore();
+    canvas.dataset.scale = scaleLabel;
+    canvas.dataset.top = String(resolved.top);
     heatLayout = { x0, y0, cell, n, m, labels: u.labels };
     canvas.dataset.x0 = String(x0);
     canvas.dataset.y0 = String(y0);
@@ -918,7 +1120,17 @@ function attnvizMount(root, DATA, options) {
     }
     byId("words").checked = state.words && !!current.meta.words;
     byId("special").checked = state.special;
-    byId("scale").value = state.scale;
+    byId("scale").value = state.scale.kind;
+    byId("gamma").value = String(state.scale.gamma);
+    byId("gamma-label").hidden = state.scale.kind !== "power";
+    const vmaxSelect = byId("vmax");
+    const vmaxValue = String(state.scale.vmax);
+    if (!Array.from(vmaxSelect.options).some((option) => option.value === vmaxValue)) {
+      const option = el("option", "", vmaxValue + " (fixed)"); // a top given by the owner
+      option.value = vmaxValue;
+      vmaxSelect.appendChild(option);
+    }
+    vmaxSelect.value = vmaxValue;
     for (const tab of root.querySelectorAll(".tabs button")) {
       tab.setAttribute("aria-selected", String(tab.dataset.view === state.view));
     }
@@ -931,7 +1143,8 @@ function attnvizMount(root, DATA, options) {
     const meta = current.meta;
     const hash = "#doc=" + state.doc + "&view=" + state.view + "&layer=" + meta.layers[state.layer] +
       "&heads=" + state.heads.map((h) => meta.heads[h]).join(",") + "&words=" + (state.words ? 1 : 0) +
-      "&special=" + (state.special ? 1 : 0) + "&scale=" + state.scale;
+      "&special=" + (state.special ? 1 : 0) + "&scale=" + state.scale.kind +
+      "&gamma=" + state.scale.gamma + "&vmax=" + state.scale.vmax;
     if (location.hash === hash) return;
     try {
       history.replaceState(null, "", hash);
@@ -968,7 +1181,7 @@ function attnvizMount(root, DATA, options) {
     const meta = current.meta;
     return { doc: state.doc, view: state.view, layer: meta.layers[state.layer],
       heads: state.heads.map((h) => meta.heads[h]), words: state.words, special: state.special,
-      scale: state.scale };
+      scale: state.scale.kind, gamma: state.scale.gamma, vmax: state.scale.vmax };
   }
 
   let notified = "";
@@ -978,6 +1191,23 @@ function attnvizMount(root, DATA, options) {
     if (key === notified) return;
     notified = key;
     if (opts.onChange) opts.onChange(now);
+  }
+
+  // The colour scale from an address or an owner: scale, gamma and vmax, each kept only when the
+  // result is a valid scale. Older addresses said scale=1 (linear, top 1) or scale=max.
+  function applyScale(params) {
+    let kind = params.scale;
+    let vmax = params.vmax;
+    if (kind === "1" || kind === "max") {
+      if (vmax === undefined) vmax = kind === "1" ? "1" : "auto";
+      kind = "linear";
+    }
+    for (const [key, value] of [["kind", kind], ["gamma", params.gamma], ["vmax", vmax]]) {
+      if (value === undefined) continue;
+      const trial = Object.assign({}, state.scale, { [key]: value });
+      const checked = attnvizCheckScale(trial.kind, trial.gamma, trial.vmax);
+      if (checked) state.scale = checked;
+    }
   }
 
   // Apply what the address says to the state (unknown values are ignored).
@@ -997,7 +1227,7 @@ function attnvizMount(root, DATA, options) {
     }
     if (params.words !== undefined) state.words = params.words === "1";
     if (params.special !== undefined) state.special = params.special !== "0";
-    if (params.scale === "1" || params.scale === "max") state.scale = params.scale;
+    applyScale(params);
   }
 
   function render() {
@@ -1009,7 +1239,7 @@ function attnvizMount(root, DATA, options) {
       if (built.head !== layoutKey()) layoutHeadView();
       drawHeadView();
     } else if (state.view === "model") {
-      if (built.model !== layoutKey() + "|" + state.scale + "|" + modelCellSize()) buildModelView();
+      if (built.model !== layoutKey() + "|" + scaleKey() + "|" + modelCellSize()) buildModelView();
       markModelSelection();
     } else if (state.view === "heatmap") {
       drawHeatmap();
@@ -1104,7 +1334,15 @@ function attnvizMount(root, DATA, options) {
     byId("heads-none").addEventListener("click", () => select({ heads: [] }));
     byId("words").addEventListener("change", (e) => select({ words: e.target.checked }));
     byId("special").addEventListener("change", (e) => select({ special: e.target.checked }));
-    byId("scale").addEventListener("change", (e) => select({ scale: e.target.value }));
+    const changeScale = (key, value) => {
+      const trial = Object.assign({}, state.scale, { [key]: value });
+      const checked = attnvizCheckScale(trial.kind, trial.gamma, trial.vmax);
+      if (checked) select({ scale: checked });
+      else syncControls(); // not a valid value: show the one in use again
+    };
+    byId("scale").addEventListener("change", (e) => changeScale("kind", e.target.value));
+    byId("gamma").addEventListener("change", (e) => changeScale("gamma", e.target.value));
+    byId("vmax").addEventListener("change", (e) => changeScale("vmax", e.target.value));
     for (const tab of root.querySelectorAll(".tabs button")) {
       tab.addEventListener("click", () => select({ view: tab.dataset.view }));
     }
@@ -1121,17 +1359,25 @@ function attnvizMount(root, DATA, options) {
     heat.addEventListener("mousemove", onHeatmapMove);
     heat.addEventListener("mouseleave", hideTooltip);
     // The arrow keys: anywhere on a page of its own; inside the view (focused) when embedded.
-    listen(page ? document : root, "keydown", (e) => {
+    // Embedded, the keys are taken on the window in the capture phase, before the page's own
+    // shortcuts (Notebook 7 and JupyterLab handle keys on the document in the capture phase: the
+    // arrows would move the notebook's cell as well), and stopped there when they are ours.
+    const onKey = (e) => {
       if (!current || e.altKey || e.ctrlKey || e.metaKey) return;
-      const tag = e.target && e.target.tagName;
-      if (tag === "SELECT" || tag === "INPUT" || tag === "TEXTAREA") return;
       const moves = { ArrowUp: () => moveLayer(-1), ArrowDown: () => moveLayer(1),
         ArrowLeft: () => moveHead(-1), ArrowRight: () => moveHead(1) };
       if (!moves[e.key]) return;
+      const path = e.composedPath();
+      if (!page) {
+        if (!path.includes(root)) return; // a key for something else on the page
+        e.stopPropagation();
+      }
+      const tag = path[0] && path[0].tagName;
+      if (tag === "SELECT" || tag === "INPUT" || tag === "TEXTAREA") return; // their own keys
       e.preventDefault();
-      if (!page) e.stopPropagation(); // not the notebook's own shortcuts as well
       moves[e.key]();
-    });
+    };
+    listen(page ? document : window, "keydown", onKey, !page);
     if (page) {
       listen(window, "hashchange", () => {
         const params = parseHash();
@@ -1160,7 +1406,8 @@ function attnvizMount(root, DATA, options) {
       byId("generator").textContent = DATA.generator || "";
     }
     // Data's initial selection, then the owner's, then the address.
-    const start = { view: initial.view, layer: initial.layer, heads: initial.heads };
+    const start = { view: initial.view, layer: initial.layer, heads: initial.heads,
+      scale: initial.scale, gamma: initial.gamma, vmax: initial.vmax };
     const params = Object.assign(asParams(start), asParams(opts.selection), page ? parseHash() : {});
     const doc = Number(params.doc);
     await showDoc(Number.isInteger(doc) ? doc : 0, params);

@@ -18,7 +18,7 @@
   const DEBOUNCE_MS = 200;
   const PANEL_DEBOUNCE_MS = 60;
   const ROW_K = 10;
-  const SELECTION_KEYS = ["view", "layer", "heads", "words", "special", "scale"];
+  const SELECTION_KEYS = ["view", "layer", "heads", "words", "special", "scale", "gamma", "vmax"];
   const byId = (id) => document.getElementById(id);
 
   const live = {
