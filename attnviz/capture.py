@@ -195,7 +195,8 @@ class Capture:
 
     # ----------------------------------------------------------------- from your own run
     @classmethod
-    def from_attentions(cls, attentions: Any, tokens: Any, *, batch_index: int = 0,
+    def from_attentions(cls, attentions: Any, tokens: Any, *,
+                        batch_index: int | None = None,
                         attention_mask: Any = None, tokenizer: Any = None,
                         special: Sequence[bool] | None = None,
                         word_ids: Sequence[int | None] | None = None,
@@ -212,11 +213,15 @@ class Capture:
                 them; a single stacked ``[layer, batch, head, query, key]`` array also works,
                 and ``[head, query, key]`` per layer for an unbatched run.
             tokens: the row's tokens (strings, or ids with ``tokenizer``): either every
-                position of the padded row or only its real tokens. A batch of rows (a list of
-                lists, or a 2-D id tensor) is indexed with ``batch_index``.
-            batch_index: which row of the batch (negative counts from the end).
+                position of the padded row (padding where the mask has 0, nothing else) or
+                only its real tokens. A batch of rows (a list of lists, or a 2-D id tensor) is
+                indexed with ``batch_index``.
+            batch_index: which row of the batch (negative counts from the end); required when
+                the weights, tokens or mask hold more than one row.
             attention_mask: ``[batch, key]`` (or ``[key]``) mask of the batch; positions where
-                it is 0 (padding, left or right) are dropped from both axes.
+                it is 0 (padding, left or right) are dropped from both axes. Without it, a
+                key that no query of any layer and head attends to (padding read as a real
+                token) is refused, unless the capture is causal.
             tokenizer: optional; turns ids into tokens and tells which tokens are special.
             special: per token, whether it is special ([CLS], <s>...); default: from the
                 tokenizer, else tokens that look like ``[CLS]`` or ``<s>``.
@@ -235,9 +240,12 @@ class Capture:
             The capture, float32 weights ``[layer, head, query, key]`` of the real tokens.
 
         Raises:
-            UsageError: shapes that disagree (layers, batch, tokens, mask), a batch index out
-                of range, ``None`` weights (a fused attention kernel), arguments of the wrong
+            UsageError: shapes that disagree (layers, batch, tokens, mask), a batch of
+                several rows without ``batch_index`` or a batch index out of range, tokens of
+                another row than the mask's (real tokens where it pads, or padding where it
+                does not), ``None`` weights (a fused attention kernel), arguments of the wrong
                 type, or weights that are not attention: NaN or infinity, negative values,
+                key columns of zeros without a mask in a capture that is not causal,
                 rows that do not sum to 1 (0 for a row with every key masked), weight above the
                 diagonal of a capture said to be ``causal``.
         """
