@@ -221,7 +221,7 @@ def top_k_command(
                                        help="Layer, 0-based; negative counts from the end.")],
     head: Annotated[str, typer.Option(
         "--head", rich_help_panel=VIEW_PANEL, help="Head index, or 'mean' of the layer's heads.")],
-    k: Annotated[int, typer.Option("-k", "--k", min=1, rich_help_panel=VIEW_PANEL,
+    k: Annotated[int, typer.Option("-k", "--top-k", min=1, rich_help_panel=VIEW_PANEL,
                                    help="How many keys to list per query (more than the "
                                         "number of tokens lists them all).")] = 3,
     fmt: Annotated[TableFormat, typer.Option("--format", "-f", rich_help_panel=OUTPUT_PANEL,
