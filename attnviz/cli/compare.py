@@ -176,7 +176,7 @@ def _panels(comparison: Any, labels: tuple[str, str], tokens: str | None,
             changed = set(alignment.changed)
             diff = Panel(comparison.diff[np.ix_(keep_rows, keep_cols)],
                          [alignment.labels[i] for i in keep_rows],
-                         [alignment.labels[j] for j in keep_cols], "difference B - A",
+                         [alignment.labels[j] for j in keep_cols], comparison.diff_title,
                          [n for n, i in enumerate(keep_rows) if i in changed],
                          [n for n, j in enumerate(keep_cols) if j in changed])
     window = window_note(*windows[0])
@@ -352,8 +352,10 @@ def compare_command(
                              queries=queries, keys=keys)
         out = Path(f"compare_{slugify(cap_a.text, 24)}_{digest}_{shown}.png")
     path = save_figure(fig, out, dpi=dpi)
-    if comparison.note:  # what was paired with what: on standard error, beside the image
-        stderr.print(f"Note: {escape(comparison.note)}", markup=True, highlight=False)
+    # What was paired with what, and how unpaired weight was treated: on standard error.
+    for note in (comparison.note, comparison.renormalised_note):
+        if note:
+            stderr.print(f"Note: {escape(note)}", markup=True, highlight=False)
     if fmt is TableFormat.json:
         typer.echo(json.dumps(comparison.to_dict(str(path), label_a, label_b),
                               ensure_ascii=False, indent=1))
@@ -373,16 +375,20 @@ def compare_command(
     if fmt is TableFormat.table:
         from rich.table import Table
 
-        table = Table(title=f"Largest changes, B - A ({escape(where)})", show_edge=False)
-        for name, justify in (("query", "left"), ("key", "left"), ("A", "right"),
-                              ("B", "right"), ("B - A", "right")):
+        raw = comparison.renormalised
+        how = f", rows renormalised over the paired {comparison.unit}s" if raw else ""
+        table = Table(title=f"Largest changes, B - A ({escape(where)}){how}", show_edge=False)
+        columns = [("query", "left"), ("key", "left"), ("A", "right"), ("B", "right"),
+                   ("B - A", "right")] + ([("A raw", "right"), ("B raw", "right")] if raw else [])
+        for name, justify in columns:
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         for change in comparison.changes:
             delta = float(change["delta"])  # type: ignore[arg-type]
             colour = "red" if delta > 0 else "blue"
+            extra = [f"{change['a_raw']:.3f}", f"{change['b_raw']:.3f}"] if raw else []
             table.add_row(escape(f"{change['query_index']}:{change['query']}"),
                           escape(f"{change['key_index']}:{change['key']}"), f"{change['a']:.3f}",
-                          f"{change['b']:.3f}", f"[{colour}]{delta:+.3f}[/{colour}]")
+                          f"{change['b']:.3f}", f"[{colour}]{delta:+.3f}[/{colour}]", *extra)
         print_wide(table)
         return
     typer.echo(format_changes(comparison.changes, fmt.value, where), nl=False)
