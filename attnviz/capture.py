@@ -24,6 +24,7 @@ from attnviz.capture_build import (  # noqa: F401  (guess_word_ids re-exported)
     attention_fields,
     clean_token,
     guess_word_ids,
+    model_label,
 )
 from attnviz.capture_format import (  # noqa: F401  (re-exported)
     FORMAT_NAME,
@@ -168,6 +169,12 @@ class Capture:
         0, 2`` (a capture holding some of the heads)."""
         return ("mean of all heads" if len(self.heads) == self.num_heads
                 else f"mean of heads {format_indices(self.heads)}")
+
+    @property
+    def model_label(self) -> str:
+        """The model's name for titles: a local folder's name, not its path
+        (:func:`~attnviz.capture_build.model_label`); :attr:`model` keeps the path."""
+        return model_label(self.model)
 
     def select(self, layers: Sequence[int] | None = None,
                heads: Sequence[int] | None = None) -> Capture:

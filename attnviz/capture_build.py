@@ -40,6 +40,28 @@ def clean_token(token: str) -> str:
     return shown if shown else "\u2423"
 
 
+def model_label(name: str) -> str:
+    """A model's name as titles and table headers show it: a local folder's own name rather
+    than its path (``/home/me/models/my-bert/`` -> ``my-bert``); hub ids (``org/name``) and
+    built-in names (``minilm``, ``toy``) stay as they are. Captures keep the full name.
+    """
+    import os
+
+    text = str(name).strip()
+    if not text:
+        return str(name)
+    unix = text.replace("\\", "/")
+    looks_local = (text.startswith(("/", ".", "~")) or "\\" in text or unix.count("/") > 1
+                   or (len(text) > 1 and text[1] == ":")  # a drive letter: C:/models/bert
+                   or ("/" in unix and os.path.isdir(text)))
+    if not looks_local:
+        return text
+    parts = [part for part in unix.rstrip("/").split("/") if part not in ("", ".")]
+    if not parts or parts[-1] == "..":
+        return os.path.basename(os.path.abspath(os.path.expanduser(text))) or text
+    return parts[-1]
+
+
 def guess_word_ids(tokens: list[str], special: list[bool]) -> list[int | None]:
     """Word ids from subword markers, for tokenizers that do not report them.
 

@@ -297,7 +297,8 @@ def compare_command(
 
         use_server(None)  # saved captures are read here, whatever --server says
         cap_a, cap_b = session().run_each([CaptureRequest(from_path=path) for path in paths])
-        label_a, label_b = f"A: {cap_a.model} ({paths[0]})", f"B: {cap_b.model} ({paths[1]})"
+        label_a, label_b = (f"A: {cap_a.model_label} ({paths[0]})",
+                            f"B: {cap_b.model_label} ({paths[1]})")
     else:
         if text_a is None:
             raise UsageError("give a TEXT_A to compare (and TEXT_B, --model-a/--model-b or "
@@ -330,8 +331,8 @@ def compare_command(
                                          head_choice)
         mask_a = " (bidirectional)" if vs_causal else ""
         mask_b = " (causal)" if vs_causal else ""
-        label_a = f"A: {cap_a.model}{mask_a}: {_excerpt(cap_a.text)}"
-        label_b = f"B: {cap_b.model}{mask_b}: {_excerpt(cap_b.text)}"
+        label_a = f"A: {cap_a.model_label}{mask_a}: {_excerpt(cap_a.text)}"
+        label_b = f"B: {cap_b.model_label}{mask_b}: {_excerpt(cap_b.text)}"
     comparison = compare_captures(cap_a, cap_b, layer, head_choice, top=top, words=words,
                                   exclude_special=exclude_special)
     where = comparison.where
