@@ -118,3 +118,73 @@ def test_short_labels_keep_the_standard_layout():
     layout = heatmap.head_layout(5, row_labels=words, col_labels=words)
     assert layout.row_label_in == layout.col_label_in == LABEL_IN
     assert (layout.width, layout.height) == heatmap.head_figure_size(5)
+
+
+# --------------------------------------------------------------------------- seaborn's maps
+SEABORN = ("rocket", "mako", "flare", "crest", "vlag", "icefire")
+
+
+@pytest.mark.parametrize("name", [*SEABORN, "rocket_r", "icefire_r"])
+def test_seaborn_colour_maps_by_name_are_seaborns_colours(name):
+    import seaborn
+
+    from attnviz.render.colours import SEABORN_CMAPS, check_cmap, colour_table
+
+    assert set(SEABORN_CMAPS) == set(SEABORN)
+    assert check_cmap(name) == name
+    table = colour_table(name)
+    reference = seaborn.color_palette(name, as_cmap=True)
+    index = np.arange(reference.N)
+    np.testing.assert_array_equal(table.rgb, reference(index, bytes=True)[:, :3])
+    # ... which are seaborn's own lookup tables (256 colours), reversed for "_r".
+    lut = np.asarray(getattr(seaborn.cm, f"_{name.removesuffix('_r')}_lut"))
+    lut = lut[::-1] if name.endswith("_r") else lut
+    np.testing.assert_allclose(table.rgb / 255.0, lut, atol=1 / 255 + 1e-9)
+
+
+def test_seaborn_is_imported_only_for_its_colour_maps():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom attnviz.render.colours import colour_table\n"
+            "colour_table('viridis'); print('seaborn' in sys.modules)\n"
+            "colour_table('mako'); print('seaborn' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.split() == ["False", "True"]
+
+
+def test_cmap_by_seaborn_name_in_heatmap_export_compare_and_python(invoke, tmp_path):
+    from PIL import Image
+
+    def colours(path):
+        with Image.open(path) as image:
+            return {tuple(c) for c in np.asarray(image.convert("RGB")).reshape(-1, 3)}
+
+    capture = _uniform(["[CLS]", "the", "cat", "sat", "[SEP]"])
+    capture.save(tmp_path / "cap")
+    result = invoke("heatmap", "--from", tmp_path / "cap", "-l", "0", "--head", "0",
+                    "--cmap", "mako", "-o", tmp_path / "h.png")
+    assert result.exit_code == 0, result.output
+    import seaborn  # after the command: it must not rely on the test importing seaborn
+
+    top = tuple(int(v) for v in seaborn.color_palette("mako", as_cmap=True)(255, bytes=True)[:3])
+    viridis_top = tuple(int(v) for v in matplotlib.colormaps["viridis"](255, bytes=True)[:3])
+    drawn = colours(tmp_path / "h.png")
+    assert top in drawn and viridis_top not in drawn  # the largest weight, and the bar's top
+    exported = invoke("export", "--from", tmp_path / "cap", "--cmap", "mako", "--jobs", "1",
+                      "--figures", "heads", "-o", tmp_path / "out")
+    assert exported.exit_code == 0, exported.output
+    head = next((tmp_path / "out").rglob("L00_H00.png"))
+    assert top in colours(head)
+    compared = invoke("compare", "--from", tmp_path / "cap", "--from", tmp_path / "cap",
+                      "--cmap", "mako", "-l", "0", "--head", "0", "-o", tmp_path / "c.png")
+    assert compared.exit_code == 0, compared.output
+    assert top in colours(tmp_path / "c.png")
+    fig, _ = capture.heatmap(0, 0, cmap="mako")
+    buffer = tmp_path / "py.png"
+    fig.savefig(buffer)
+    assert top in colours(buffer)
+    wrong = invoke("heatmap", "--from", tmp_path / "cap", "-l", "0", "--head", "0",
+                   "--cmap", "mak")
+    assert wrong.exit_code == 2 and "mako" in wrong.stderr
