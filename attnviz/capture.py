@@ -24,6 +24,7 @@ from attnviz.capture_build import (  # noqa: F401  (guess_word_ids re-exported)
     attention_fields,
     clean_token,
     guess_word_ids,
+    model_label,
 )
 from attnviz.capture_format import (  # noqa: F401  (re-exported)
     FORMAT_NAME,
@@ -178,6 +179,12 @@ class Capture:
         return ("mean of all heads" if len(self.heads) == self.num_heads
                 else f"mean of heads {format_indices(self.heads)}")
 
+    @property
+    def model_label(self) -> str:
+        """The model's name for titles: a local folder's name, not its path
+        (:func:`~attnviz.capture_build.model_label`); :attr:`model` keeps the path."""
+        return model_label(self.model)
+
     def select(self, layers: Sequence[int] | None = None,
                heads: Sequence[int] | None = None) -> Capture:
         """A new capture holding only the given model layers and heads (absolute indices)."""
@@ -204,7 +211,8 @@ class Capture:
 
     # ----------------------------------------------------------------- from your own run
     @classmethod
-    def from_attentions(cls, attentions: Any, tokens: Any, *, batch_index: int = 0,
+    def from_attentions(cls, attentions: Any, tokens: Any, *,
+                        batch_index: int | None = None,
                         attention_mask: Any = None, tokenizer: Any = None,
                         special: Sequence[bool] | None = None,
                         word_ids: Sequence[int | None] | None = None,
@@ -221,11 +229,15 @@ class Capture:
                 them; a single stacked ``[layer, batch, head, query, key]`` array also works,
                 and ``[head, query, key]`` per layer for an unbatched run.
             tokens: the row's tokens (strings, or ids with ``tokenizer``): either every
-                position of the padded row or only its real tokens. A batch of rows (a list of
-                lists, or a 2-D id tensor) is indexed with ``batch_index``.
-            batch_index: which row of the batch (negative counts from the end).
+                position of the padded row (padding where the mask has 0, nothing else) or
+                only its real tokens. A batch of rows (a list of lists, or a 2-D id tensor) is
+                indexed with ``batch_index``.
+            batch_index: which row of the batch (negative counts from the end); required when
+                the weights, tokens or mask hold more than one row.
             attention_mask: ``[batch, key]`` (or ``[key]``) mask of the batch; positions where
-                it is 0 (padding, left or right) are dropped from both axes.
+                it is 0 (padding, left or right) are dropped from both axes. Without it, a
+                key that no query of any layer and head attends to (padding read as a real
+                token) is refused, unless the capture is causal.
             tokenizer: optional; turns ids into tokens and tells which tokens are special.
             special: per token, whether it is special ([CLS], <s>...); default: from the
                 tokenizer, else tokens that look like ``[CLS]`` or ``<s>``.
@@ -244,9 +256,12 @@ class Capture:
             The capture, float32 weights ``[layer, head, query, key]`` of the real tokens.
 
         Raises:
-            UsageError: shapes that disagree (layers, batch, tokens, mask), a batch index out
-                of range, ``None`` weights (a fused attention kernel), arguments of the wrong
+            UsageError: shapes that disagree (layers, batch, tokens, mask), a batch of
+                several rows without ``batch_index`` or a batch index out of range, tokens of
+                another row than the mask's (real tokens where it pads, or padding where it
+                does not), ``None`` weights (a fused attention kernel), arguments of the wrong
                 type, or weights that are not attention: NaN or infinity, negative values,
+                key columns of zeros without a mask in a capture that is not causal,
                 rows that do not sum to 1 (0 for a row with every key masked), weight above the
                 diagonal of a capture said to be ``causal``.
         """

@@ -40,6 +40,28 @@ def clean_token(token: str) -> str:
     return shown if shown else "\u2423"
 
 
+def model_label(name: str) -> str:
+    """A model's name as titles and table headers show it: a local folder's own name rather
+    than its path (``/home/me/models/my-bert/`` -> ``my-bert``); hub ids (``org/name``) and
+    built-in names (``minilm``, ``toy``) stay as they are. Captures keep the full name.
+    """
+    import os
+
+    text = str(name).strip()
+    if not text:
+        return str(name)
+    unix = text.replace("\\", "/")
+    looks_local = (text.startswith(("/", ".", "~")) or "\\" in text or unix.count("/") > 1
+                   or (len(text) > 1 and text[1] == ":")  # a drive letter: C:/models/bert
+                   or ("/" in unix and os.path.isdir(text)))
+    if not looks_local:
+        return text
+    parts = [part for part in unix.rstrip("/").split("/") if part not in ("", ".")]
+    if not parts or parts[-1] == "..":
+        return os.path.basename(os.path.abspath(os.path.expanduser(text))) or text
+    return parts[-1]
+
+
 def guess_word_ids(tokens: list[str], special: list[bool]) -> list[int | None]:
     """Word ids from subword markers, for tokenizers that do not report them.
 
@@ -68,7 +90,7 @@ def guess_word_ids(tokens: list[str], special: list[bool]) -> list[int | None]:
     return word_ids
 
 
-def attention_fields(attentions: Any, tokens: Any, *, batch_index: int = 0,
+def attention_fields(attentions: Any, tokens: Any, *, batch_index: int | None = None,
                      attention_mask: Any = None, tokenizer: Any = None,
                      special: Sequence[bool] | None = None,
                      word_ids: Sequence[int | None] | None = None,
@@ -88,6 +110,9 @@ def attention_fields(attentions: Any, tokens: Any, *, batch_index: int = 0,
 
     import numpy as np
 
+    chosen = batch_index is not None  # a batch of several rows needs it
+    if batch_index is None:
+        batch_index = 0
     if isinstance(batch_index, bool) or not isinstance(batch_index, numbers.Integral):
         raise UsageError(f"batch_index must be an integer (a row of the batch), not "
                          f"{batch_index!r:.40}")
@@ -96,6 +121,11 @@ def attention_fields(attentions: Any, tokens: Any, *, batch_index: int = 0,
     if meta is not None and not isinstance(meta, dict):
         raise UsageError(f"meta must be a dict, not {type(meta).__name__}")
     stacked, rows = _stack_attentions(attentions, batch_index)  # [layer, head, query, key]
+    if not chosen:
+        _one_row_or_chosen(rows, "the attention weights")
+        _one_row_or_chosen(_token_rows(tokens), "tokens")
+        if attention_mask is not None:
+            _one_row_or_chosen(_mask_rows(attention_mask), "attention_mask")
     count_l, count_h, size, size_k = stacked.shape
     if size != size_k:
         raise UsageError(f"attention weights must be square over query and key, got "
@@ -124,11 +154,16 @@ def attention_fields(attentions: Any, tokens: Any, *, batch_index: int = 0,
             raise UsageError(f"row {batch_index} of the attention mask has no real tokens")
     token_list = _token_row(tokens, batch_index, tokenizer)
     if len(token_list) == size:
+        if attention_mask is not None:
+            _check_padding(token_list, keep, batch_index, tokenizer)
         token_list = [token_list[i] for i in keep]
     elif len(token_list) != len(keep):
+        real = (f"{len(keep)} real in row {batch_index} of the attention mask"
+                if attention_mask is not None else "no attention_mask given")
         raise UsageError(
-            f"got {len(token_list)} tokens for {size} positions ({len(keep)} real)",
-            "pass the row's tokens, padded or not, e.g. "
+            f"got {len(token_list)} tokens for {size} positions ({real})",
+            "pass the tokens of the same row as batch_index (padded to the batch's length, "
+            "or only its real tokens), e.g. "
             "tokenizer.convert_ids_to_tokens(inputs['input_ids'][batch_index])")
     index = np.asarray(keep)
     weights = np.ascontiguousarray(stacked[:, :, index][:, :, :, index], dtype=np.float32)
@@ -161,6 +196,20 @@ def attention_fields(attentions: Any, tokens: Any, *, batch_index: int = 0,
                          "pass post-softmax weights (outputs.attentions of a run with "
                          "output_attentions=True) and, for a padded batch, the "
                          "attention_mask that run used") from None
+    if attention_mask is None and not causal and len(keep) > 1:
+        # Padding keys get exactly 0 from every query of every head: a padded row read
+        # without its mask (or another row's weights under these tokens).
+        unseen = np.flatnonzero(~weights.any(axis=(0, 1, 2)))
+        if len(unseen):
+            shown = ", ".join(str(int(i)) for i in unseen[:8]) + (
+                ", ..." if len(unseen) > 8 else "")
+            which = (f"key positions {shown} get" if len(unseen) > 1
+                     else f"key position {shown} gets")
+            raise UsageError(
+                f"{which} no attention from any query, layer or head: this looks like padding",
+                "pass attention_mask= (inputs['attention_mask'] of the run) and the "
+                "batch_index= of this row; for weights that really skip a key, pass an "
+                "attention_mask of ones")
     empty = np.argwhere(weights.sum(axis=-1) < 0.5)  # real tokens attend somewhere
     if len(empty):
         layer, head, query = (int(v) for v in empty[0])
@@ -181,6 +230,79 @@ def attention_fields(attentions: Any, tokens: Any, *, batch_index: int = 0,
             "layers": layer_list, "heads": head_list, "num_layers": int(total_l),
             "num_heads": int(total_h), "model": model, "causal": bool(causal), "text": text,
             "pair": pair, "meta": info}
+
+
+def _one_row_or_chosen(rows: int | None, what: str) -> None:
+    """Refuse a batch of several rows when ``batch_index`` was not given."""
+    if rows is not None and rows > 1:
+        raise UsageError(f"{what} hold a batch of {rows} rows: pass batch_index= to say which "
+                         f"row (0..{rows - 1})",
+                         "e.g. Capture.from_attentions(outputs.attentions, tokens, "
+                         "batch_index=1, attention_mask=inputs['attention_mask'])")
+
+
+def _token_rows(tokens: Any) -> int | None:
+    """How many rows a batch of tokens holds (``None``: one row of tokens)."""
+    shape = getattr(tokens, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) == 2 else None
+    if isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], (list, tuple)):
+        return len(tokens)
+    if isinstance(tokens, (list, tuple)) and tokens and hasattr(tokens[0], "shape") and \
+            len(getattr(tokens[0], "shape", ())) == 1:
+        return len(tokens)  # a list of id tensors
+    return None
+
+
+def _mask_rows(mask: Any) -> int | None:
+    shape = getattr(mask, "shape", None)
+    if shape is None:
+        shape = _as_array(mask).shape
+    return int(shape[0]) if len(shape) == 2 else None
+
+
+#: Spellings of a padding token, when the tokenizer does not say (or pads with another
+#: special token, e.g. GPT-2's <|endoftext|>, which may also stand in a text).
+_PAD_SPELLINGS = frozenset({"[PAD]", "<pad>", "<|pad|>", "<|padding|>"})
+
+
+def _check_padding(tokens: list[str], keep: list[int], batch_index: int,
+                   tokenizer: Any) -> None:
+    """Padded tokens must fit the mask's row: padding where it drops positions, none where it
+    keeps them (else the tokens belong to another row of the batch).
+
+    Raises:
+        UsageError: a real-looking token where the mask pads, or a padding token where it
+            says the token is real.
+    """
+    kept = set(keep)
+    pads = set(_PAD_SPELLINGS)
+    pad = getattr(tokenizer, "pad_token", None)
+    others = {getattr(tokenizer, name, None) for name in ("eos_token", "bos_token",
+                                                          "unk_token", "sep_token",
+                                                          "cls_token")}
+    if isinstance(pad, str) and pad not in others:
+        pads.add(pad)
+    known = getattr(tokenizer, "all_special_tokens", None)
+    specials = {str(t) for t in known} if known else set()
+
+    def padding(token: str) -> bool:
+        return token in pads or token in specials or _looks_special(token)
+
+    dropped = next((i for i in range(len(tokens)) if i not in kept
+                    and not padding(tokens[i])), None)
+    hint = ("pass the tokens of the row that batch_index names (with its row of the "
+            "attention_mask), e.g. tokenizer.convert_ids_to_tokens("
+            "inputs['input_ids'][batch_index])")
+    if dropped is not None:
+        raise UsageError(f"token {dropped} ({tokens[dropped]!r:.40}) is padding in row "
+                         f"{batch_index} of the attention mask: these tokens are not that "
+                         f"row's ({len(keep)} real tokens)", hint)
+    padded = next((i for i in keep if tokens[i] in pads), None)
+    if padded is not None:
+        raise UsageError(f"token {padded} is {tokens[padded]!r}, but row {batch_index} of the "
+                         f"attention mask says it is a real token: these tokens are not that "
+                         f"row's", hint)
 
 
 def _as_array(value: Any) -> np.ndarray:

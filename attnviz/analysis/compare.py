@@ -9,6 +9,13 @@ where B attends more than A:
 * different lengths: word by word, by :class:`difflib.SequenceMatcher` on the two word
   sequences (lower case); equal words pair up, and so do the words of a replaced run of the
   same length (marked as differing); inserted and deleted words have no counterpart.
+
+When a side has words without a counterpart, its rows give part of their weight to keys that
+the difference map leaves out (B's rows to "big" and "fluffy" in "The big fluffy cat sat"), so
+paired rows would not sum to 1 and ``B - A`` would be mostly negative. Both sides are then
+compared like with like: each paired row is renormalised over the paired keys (it sums to 1
+on both sides), and the share of each row that the paired keys held is kept
+(:attr:`Comparison.paired_share_a` / ``_b``) and reported with the raw weights.
 """
 
 from __future__ import annotations
@@ -226,6 +233,11 @@ class Comparison:
         aligned_a, aligned_b: A's and B's ``[pair, pair]`` weights at the paired positions.
         changes: the largest changes (:func:`largest_changes`); empty when not aligned.
         unit: ``token``, or ``word`` when aligned by word.
+        renormalised: whether ``aligned_a``/``aligned_b`` are rows renormalised over the
+            paired keys (some keys had no counterpart); ``raw_a``/``raw_b`` then hold the
+            weights before, and the changes carry them as ``a_raw``/``b_raw``.
+        paired_share_a, paired_share_b: ``[pair]``: the share of each paired row's weight
+            that the paired keys held before renormalising (1 where every key is paired).
     """
 
     a: Side
@@ -236,6 +248,11 @@ class Comparison:
     aligned_a: np.ndarray | None = None
     aligned_b: np.ndarray | None = None
     unit: str = "token"
+    renormalised: bool = False
+    raw_a: np.ndarray | None = None
+    raw_b: np.ndarray | None = None
+    paired_share_a: np.ndarray | None = None
+    paired_share_b: np.ndarray | None = None
 
     def changes_within(self, rows: list[int], cols: list[int], top: int
                        ) -> list[dict[str, object]]:
@@ -252,6 +269,8 @@ class Comparison:
             i = rows[int(change["query_index"])]  # type: ignore[call-overload]
             j = cols[int(change["key_index"])]  # type: ignore[call-overload]
             change.update(query_index=i, key_index=j)
+            if self.renormalised and self.raw_a is not None and self.raw_b is not None:
+                change.update(a_raw=float(self.raw_a[i, j]), b_raw=float(self.raw_b[i, j]))
             if self.alignment.method == "words":
                 change.update(a_query_index=self.alignment.a[i], a_key_index=self.alignment.a[j],
                               b_query_index=self.alignment.b[i], b_key_index=self.alignment.b[j])
@@ -287,7 +306,16 @@ class Comparison:
                          + (" differs" if count == 1 else "s differ"))
         elif self.alignment is not None and self.alignment.method == "words":
             notes.append("B - A aligned by word")
+        if self.renormalised:
+            notes.append(f"rows renormalised over the paired {self.unit}s")
         return f"Compare: {self.where}" + (f" ({', '.join(notes)})" if notes else "")
+
+    @property
+    def diff_title(self) -> str:
+        """Title of the difference panel."""
+        if self.renormalised:
+            return "difference B - A (paired rows renormalised)"
+        return "difference B - A"
 
     @property
     def note(self) -> str:
@@ -295,6 +323,27 @@ class Comparison:
         if self.alignment is None or self.alignment.method == "tokens":
             return ""
         return self.alignment.note(self.unit)
+
+    @property
+    def renormalised_note(self) -> str:
+        """How B - A compares rows when keys had no counterpart (empty when none had)."""
+        if not self.renormalised or self.alignment is None:
+            return ""
+
+        def held(shares: np.ndarray | None, side: str) -> str:
+            lost = 1.0 - np.asarray(shares if shares is not None else [1.0], dtype=np.float64)
+            if float(lost.max()) < 0.0005:
+                return f"none of {side}'s rows"
+            low, high, mean = (100 * float(v) for v in (lost.min(), lost.max(), lost.mean()))
+            span = f"{low:.0f}-{high:.0f}%" if round(low) != round(high) else f"{high:.0f}%"
+            return f"{span} of {side}'s rows (mean {mean:.0f}%)"
+
+        count = self.alignment.size
+        return (f"B - A compares each row renormalised over the {count} paired {self.unit}s "
+                f"(paired rows sum to 1 on both sides); {self.unit}s without a counterpart "
+                f"held {held(self.paired_share_a, 'A')} and "
+                f"{held(self.paired_share_b, 'B')}; A raw and B raw (a_raw, b_raw) are the "
+                f"weights before")
 
     @property
     def mismatch(self) -> str:
@@ -311,11 +360,18 @@ class Comparison:
                     "causal": capture.causal, "layer": side.layer, "head": side.head,
                     "tokens": side.tokens}
 
+        def shares(values: np.ndarray | None) -> list[float] | None:
+            return None if values is None else [round(float(v), 6) for v in values]
+
+        alignment = None
+        if self.alignment is not None:
+            alignment = {**self.alignment.to_dict(), "unit": self.unit, "note": self.note,
+                         "renormalised": self.renormalised,
+                         "renormalised_note": self.renormalised_note,
+                         "paired_share_a": shares(self.paired_share_a),
+                         "paired_share_b": shares(self.paired_share_b)}
         return {"image": image, "aligned": self.aligned, "a": describe(self.a, label_a),
-                "b": describe(self.b, label_b),
-                "alignment": (None if self.alignment is None
-                              else {**self.alignment.to_dict(), "unit": self.unit,
-                                    "note": self.note}),
+                "b": describe(self.b, label_b), "alignment": alignment,
                 "changes": self.changes}
 
 
@@ -326,7 +382,8 @@ def compare_captures(a: Capture, b: Capture, layer: int = -1, head: int | str = 
 
     Views of the same length are aligned position by position (:func:`align_positions`),
     others word by word (:func:`align_words` on their word-level views, which the sides then
-    show).
+    show). When words are left without a counterpart, each paired row is renormalised over
+    the paired keys on both sides before ``B - A`` (see the module's docstring).
 
     Args:
         a, b: weights ``[layer, head, query, key]`` of the two sides (any models and texts).
@@ -359,29 +416,54 @@ def compare_captures(a: Capture, b: Capture, layer: int = -1, head: int | str = 
         side_a, side_b = side_of(words_a, layer, head), side_of(words_b, layer, head)
         matrix_a = side_a.matrix[np.ix_(alignment.a, alignment.a)]
         matrix_b = side_b.matrix[np.ix_(alignment.b, alignment.b)]
+    raw_a = np.asarray(matrix_a, dtype=np.float64)
+    raw_b = np.asarray(matrix_b, dtype=np.float64)
+    renormalise = bool(alignment.unmatched_a or alignment.unmatched_b)
+    share_a, share_b = raw_a.sum(axis=1), raw_b.sum(axis=1)
+    if renormalise:  # like with like: each paired row sums to 1 over the paired keys
+        matrix_a, matrix_b = renormalise_rows(raw_a), renormalise_rows(raw_b)
     comparison = Comparison(side_a, side_b, alignment, difference(matrix_a, matrix_b), [],
-                            np.asarray(matrix_a), np.asarray(matrix_b), unit)
+                            np.asarray(matrix_a), np.asarray(matrix_b), unit,
+                            renormalised=renormalise, raw_a=raw_a, raw_b=raw_b,
+                            paired_share_a=share_a, paired_share_b=share_b)
     every = list(range(alignment.size))
     comparison.changes = comparison.changes_within(every, every, top)
     return comparison
 
 
+def renormalise_rows(matrix: np.ndarray) -> np.ndarray:
+    """Each row of a ``[query, key]`` matrix divided by its sum (rows of zeros stay 0)."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    sums = matrix.sum(axis=1, keepdims=True)
+    return np.divide(matrix, sums, out=np.zeros_like(matrix), where=sums > 0)
+
+
 def format_changes(changes: list[dict[str, object]], fmt: str, where: str) -> str:
-    """The largest changes (:func:`largest_changes`) as ``csv`` or ``markdown`` text."""
+    """The largest changes (:func:`largest_changes`) as ``csv`` or ``markdown`` text.
+
+    Changes of renormalised rows (:attr:`Comparison.renormalised`) also give the raw weights:
+    CSV columns ``a_raw`` and ``b_raw``, and ``(raw ...)`` in the markdown table.
+    """
     if fmt not in CHANGE_FORMATS:
         raise ValueError(f"unknown format {fmt!r}: use csv or markdown")
+    raw = any("a_raw" in change for change in changes)
     if fmt == "csv":
         from attnviz.csvtext import csv_text
 
-        return csv_text(["query_index", "query", "key_index", "key", "a", "b", "delta"], (
+        header = ["query_index", "query", "key_index", "key", "a", "b", "delta"]
+        return csv_text(header + (["a_raw", "b_raw"] if raw else []), (
             [change["query_index"], change["query"], change["key_index"], change["key"],
              f"{change['a']:.6f}", f"{change['b']:.6f}", f"{change['delta']:+.6f}"]
+            + ([f"{change['a_raw']:.6f}", f"{change['b_raw']:.6f}"] if raw else [])
             for change in changes))
-    lines = [f"**Largest changes, B - A ({where})**", "", "| query | key | A | B | B - A |",
-             "|---|---|---:|---:|---:|"]
+    title = (f"**Largest changes, B - A ({where}), rows renormalised over the paired keys**"
+             if raw else f"**Largest changes, B - A ({where})**")
+    lines = [title, "", "| query | key | A | B | B - A |" + (" A raw | B raw |" if raw else ""),
+             "|---|---|---:|---:|---:|" + ("---:|---:|" if raw else "")]
     for change in changes:
         query = str(change["query"]).replace("|", "\\|")
         key = str(change["key"]).replace("|", "\\|")
+        extra = f" {change['a_raw']:.3f} | {change['b_raw']:.3f} |" if raw else ""
         lines.append(f"| {change['query_index']}:{query} | {change['key_index']}:{key} | "
-                     f"{change['a']:.3f} | {change['b']:.3f} | {change['delta']:+.3f} |")
+                     f"{change['a']:.3f} | {change['b']:.3f} | {change['delta']:+.3f} |{extra}")
     return "\n".join(lines) + "\n"

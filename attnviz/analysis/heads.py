@@ -15,7 +15,7 @@ import numpy as np
 
 from attnviz.analysis.stats import SHORT_LABELS, STAT_KEYS, StatSums, layer_table, table_from_sums
 from attnviz.analysis.tokens import view_notes
-from attnviz.capture import Capture
+from attnviz.capture import Capture, model_label
 from attnviz.errors import UsageError
 
 #: Text formats of :func:`format_head_table`.
@@ -173,7 +173,7 @@ def head_report(sums: StatSums, view: Capture, induction: np.ndarray | None = No
     # Per-layer means come from the rows in layer order, whatever the display order.
     layer_rows: list[dict[str, Any]] = layer_table(rows)
     notes = view_notes(view)
-    title = (f"{sums.model}: {sums.texts} text{'s' if sums.texts != 1 else ''}, "
+    title = (f"{model_label(sums.model)}: {sums.texts} text{'s' if sums.texts != 1 else ''}, "
              f"{sums.tokens} tokens" + (f" ({', '.join(notes)})" if notes else ""))
     info = {"title": title, "model": sums.model, "texts": sums.texts, "tokens": sums.tokens,
             "causal": sums.causal, "words": words, "exclude_special": exclude_special,

@@ -161,9 +161,9 @@ def rollout_view(view: Capture, head_fusion: str = "mean", start_layer: int = 0,
     first = resolve_index(start_layer, view.num_layers, "layer")
     span = f"layers {first}-{max(view.layers)}" if first < max(view.layers) else f"layer {first}"
     notes = view_notes(view)
-    title = (f"{view.model}: attention rollout, {span}, heads fused by {head_fusion}"
+    title = (f"{view.model_label}: attention rollout, {span}, heads fused by {head_fusion}"
              + (f" ({', '.join(notes)})" if notes else ""))
-    bar_title = f"{view.model}: rollout of {tokens[index]!r} (position {index}), {span}"
+    bar_title = f"{view.model_label}: rollout of {tokens[index]!r} (position {index}), {span}"
     return RolloutResult(matrix, tokens, index, span, title, bar_title)
 
 

@@ -19,6 +19,22 @@ from typer.core import TyperGroup
 from attnviz._version import __version__
 
 
+def _click_exceptions() -> Any:
+    """The exceptions of the click that parses the options: recent Typer versions carry their
+    own copy of click; older ones use click itself."""
+    import importlib
+
+    try:
+        return importlib.import_module("typer._click.exceptions")
+    except ImportError:  # pragma: no cover - older Typer
+        return importlib.import_module("click.exceptions")
+
+
+_CLICK = _click_exceptions()
+ClickException: type[Exception] = _CLICK.ClickException
+NoArgsIsHelpError: type[Exception] = _CLICK.NoArgsIsHelpError
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread: a command stops as on Ctrl-C (drawing workers are
     ended, temporary files removed) and the CLI exits with 143."""
@@ -42,12 +58,48 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _usage_line(error: Any) -> str:
+    """A click usage error as the one line every attnviz error is: ``Error: <what>; see
+    'attnviz COMMAND --help'`` (click's and Typer's own form is a usage block and a box)."""
+    message = " ".join(str(error.format_message()).split()).rstrip(".")
+    message = message.replace(": Value error, ", ": ")  # Typer's wording of a bad choice
+    context = getattr(error, "ctx", None)
+    if context is not None:
+        message += f"; see '{context.command_path} --help'"
+    return f"Error: {message}"
+
+
+def _usage_exit(error: Any) -> typer.Exit:
+    """Print :func:`_usage_line` on standard error; the ``Exit`` to raise (click's exit code:
+    2 for usage errors)."""
+    from rich.markup import escape
+
+    from attnviz.cli._common import stderr
+
+    stderr.print(escape(_usage_line(error)).replace("Error:", "[bold red]Error:[/bold red]", 1),
+                 markup=True, highlight=False)
+    return typer.Exit(int(getattr(error, "exit_code", 2)))
+
+
 class _Commands(TyperGroup):
-    """The command group: says why it stopped on Ctrl-C or SIGTERM.
+    """The command group: one-line usage errors; says why it stopped on Ctrl-C or SIGTERM.
+
+    Usage errors (an unknown option, a bad value, a missing ``-o``) of the group and of every
+    command in it are caught here, where both are parsed, and printed as one ``Error:`` line
+    with exit code 2, as :class:`~attnviz.errors.AttnvizError` is.
 
     Typer turns ``KeyboardInterrupt`` into a silent exit 130 before ``main()`` sees it, so the
     message is printed here, inside the command.
     """
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None,
+                     **extra: Any) -> Any:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except NoArgsIsHelpError:
+            raise  # `attnviz` alone: the help
+        except ClickException as error:
+            raise _usage_exit(error) from None
 
     def invoke(self, ctx: Any) -> Any:
         import errno
@@ -56,6 +108,10 @@ class _Commands(TyperGroup):
         try:
             with _sigterm_interrupts():
                 return super().invoke(ctx)
+        except NoArgsIsHelpError:
+            raise  # `attnviz cache` alone: its help
+        except ClickException as error:
+            raise _usage_exit(error) from None
         except OSError as exc:
             # A name over 255 bytes (-o, --model, --from, ...) fails in whichever call first
             # touches it; every such call means the same thing to the user.

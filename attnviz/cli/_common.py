@@ -110,8 +110,10 @@ LayersOpt = Annotated[str | None, typer.Option(
 HeadsOpt = Annotated[str | None, typer.Option(
     "--heads", rich_help_panel=VIEW_PANEL, metavar="SEL",
     help="Heads to keep, e.g. 0-5 (default: all).")]
-CmapOpt = Annotated[str, typer.Option("--cmap", rich_help_panel=OUTPUT_PANEL,
-                                      help="Matplotlib colour map, e.g. viridis, magma, Blues.")]
+CmapOpt = Annotated[str, typer.Option(
+    "--cmap", rich_help_panel=OUTPUT_PANEL,
+    help="Colour map: matplotlib's (viridis, magma, Blues, ...) or seaborn's perceptually "
+         "uniform rocket, mako, flare, crest, vlag, icefire (_r reverses any).")]
 DpiOpt = Annotated[int, typer.Option("--dpi", min=20, max=600, rich_help_panel=OUTPUT_PANEL,
                                      help="Resolution of raster images.")]
 ExcludeSpecialOpt = Annotated[bool, typer.Option(

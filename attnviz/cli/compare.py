@@ -176,7 +176,7 @@ def _panels(comparison: Any, labels: tuple[str, str], tokens: str | None,
             changed = set(alignment.changed)
             diff = Panel(comparison.diff[np.ix_(keep_rows, keep_cols)],
                          [alignment.labels[i] for i in keep_rows],
-                         [alignment.labels[j] for j in keep_cols], "difference B - A",
+                         [alignment.labels[j] for j in keep_cols], comparison.diff_title,
                          [n for n, i in enumerate(keep_rows) if i in changed],
                          [n for n, j in enumerate(keep_cols) if j in changed])
     window = window_note(*windows[0])
@@ -297,7 +297,8 @@ def compare_command(
 
         use_server(None)  # saved captures are read here, whatever --server says
         cap_a, cap_b = session().run_each([CaptureRequest(from_path=path) for path in paths])
-        label_a, label_b = f"A: {cap_a.model} ({paths[0]})", f"B: {cap_b.model} ({paths[1]})"
+        label_a, label_b = (f"A: {cap_a.model_label} ({paths[0]})",
+                            f"B: {cap_b.model_label} ({paths[1]})")
     else:
         if text_a is None:
             raise UsageError("give a TEXT_A to compare (and TEXT_B, --model-a/--model-b or "
@@ -330,8 +331,8 @@ def compare_command(
                                          head_choice)
         mask_a = " (bidirectional)" if vs_causal else ""
         mask_b = " (causal)" if vs_causal else ""
-        label_a = f"A: {cap_a.model}{mask_a}: {_excerpt(cap_a.text)}"
-        label_b = f"B: {cap_b.model}{mask_b}: {_excerpt(cap_b.text)}"
+        label_a = f"A: {cap_a.model_label}{mask_a}: {_excerpt(cap_a.text)}"
+        label_b = f"B: {cap_b.model_label}{mask_b}: {_excerpt(cap_b.text)}"
     comparison = compare_captures(cap_a, cap_b, layer, head_choice, top=top, words=words,
                                   exclude_special=exclude_special)
     where = comparison.where
@@ -352,8 +353,10 @@ def compare_command(
                              queries=queries, keys=keys)
         out = Path(f"compare_{slugify(cap_a.text, 24)}_{digest}_{shown}.png")
     path = save_figure(fig, out, dpi=dpi)
-    if comparison.note:  # what was paired with what: on standard error, beside the image
-        stderr.print(f"Note: {escape(comparison.note)}", markup=True, highlight=False)
+    # What was paired with what, and how unpaired weight was treated: on standard error.
+    for note in (comparison.note, comparison.renormalised_note):
+        if note:
+            stderr.print(f"Note: {escape(note)}", markup=True, highlight=False)
     if fmt is TableFormat.json:
         typer.echo(json.dumps(comparison.to_dict(str(path), label_a, label_b),
                               ensure_ascii=False, indent=1))
@@ -373,16 +376,20 @@ def compare_command(
     if fmt is TableFormat.table:
         from rich.table import Table
 
-        table = Table(title=f"Largest changes, B - A ({escape(where)})", show_edge=False)
-        for name, justify in (("query", "left"), ("key", "left"), ("A", "right"),
-                              ("B", "right"), ("B - A", "right")):
+        raw = comparison.renormalised
+        how = f", rows renormalised over the paired {comparison.unit}s" if raw else ""
+        table = Table(title=f"Largest changes, B - A ({escape(where)}){how}", show_edge=False)
+        columns = [("query", "left"), ("key", "left"), ("A", "right"), ("B", "right"),
+                   ("B - A", "right")] + ([("A raw", "right"), ("B raw", "right")] if raw else [])
+        for name, justify in columns:
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         for change in comparison.changes:
             delta = float(change["delta"])  # type: ignore[arg-type]
             colour = "red" if delta > 0 else "blue"
+            extra = [f"{change['a_raw']:.3f}", f"{change['b_raw']:.3f}"] if raw else []
             table.add_row(escape(f"{change['query_index']}:{change['query']}"),
                           escape(f"{change['key_index']}:{change['key']}"), f"{change['a']:.3f}",
-                          f"{change['b']:.3f}", f"[{colour}]{delta:+.3f}[/{colour}]")
+                          f"{change['b']:.3f}", f"[{colour}]{delta:+.3f}[/{colour}]", *extra)
         print_wide(table)
         return
     typer.echo(format_changes(comparison.changes, fmt.value, where), nl=False)

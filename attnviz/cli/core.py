@@ -51,7 +51,7 @@ class TableFormat(str, Enum):
 def _head_title(capture: Capture, layer: int, head: str, notes: list[str]) -> str:
     extra = f" ({', '.join(notes)})" if notes else ""
     named = head if head.startswith("mean") else f"head {head}"
-    return f"{capture.model}: layer {layer}, {named}{extra}"
+    return f"{capture.model_label}: layer {layer}, {named}{extra}"
 
 
 def _notes(capture: Capture) -> list[str]:
@@ -184,6 +184,12 @@ def _topk_rows(view: Capture, layer: int, head: int | str, k: int) -> list[dict[
     return topk_rows(matrix, piece_labels(view), k, causal=view.causal)  # pieces marked: ·ing
 
 
+def key_label(item: dict[str, Any]) -> str:
+    """A top-k key as tables show it: its position and token (``17:.``), as ``compare`` does,
+    so that repeated tokens can be told apart."""
+    return f"{item['key_index']}:{item['key']}"
+
+
 def format_topk(rows: list[dict[str, object]], fmt: TableFormat, k: int, title: str) -> str:
     """Render top-k rows as csv, json or markdown text (``k`` past the keys means all keys)."""
     k = min(k, max((len(row["top"]) for row in rows), default=0))  # type: ignore[arg-type]
@@ -206,7 +212,7 @@ def format_topk(rows: list[dict[str, object]], fmt: TableFormat, k: int, title: 
     lines = [f"**{title}**", "", "| # | query | " + " | ".join(f"top {i}" for i in range(1, k + 1))
              + " |", "|---|---|" + "---|" * k]
     for row in rows:
-        tops = [f"{cell(t['key'])} ({t['weight']:.3f})" for t in row["top"]]  # type: ignore
+        tops = [f"{cell(key_label(t))} ({t['weight']:.3f})" for t in row["top"]]  # type: ignore
         tops += [""] * (k - len(tops))
         lines.append(f"| {row['query_index']} | {cell(row['query'])} | " + " | ".join(tops) + " |")
     return "\n".join(lines) + "\n"
@@ -221,7 +227,7 @@ def top_k_command(
                                        help="Layer, 0-based; negative counts from the end.")],
     head: Annotated[str, typer.Option(
         "--head", rich_help_panel=VIEW_PANEL, help="Head index, or 'mean' of the layer's heads.")],
-    k: Annotated[int, typer.Option("-k", "--k", min=1, rich_help_panel=VIEW_PANEL,
+    k: Annotated[int, typer.Option("-k", "--top-k", min=1, rich_help_panel=VIEW_PANEL,
                                    help="How many keys to list per query (more than the "
                                         "number of tokens lists them all).")] = 3,
     fmt: Annotated[TableFormat, typer.Option("--format", "-f", rich_help_panel=OUTPUT_PANEL,
@@ -263,9 +269,11 @@ def top_k_command(
         table.add_column("query", style="bold")
         for rank in range(1, min(k, view.num_tokens) + 1):
             table.add_column(f"top {rank}")
+        from rich.markup import escape
+
         for row in rows:
-            table.add_row(str(row["query_index"]), str(row["query"]),
-                          *[f"{t['key']} [dim]{t['weight']:.3f}[/dim]"
+            table.add_row(str(row["query_index"]), escape(str(row["query"])),
+                          *[f"{escape(key_label(t))} [dim]{t['weight']:.3f}[/dim]"
                             for t in row["top"]])  # type: ignore[attr-defined]
         stdout.print(table)
         return

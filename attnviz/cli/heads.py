@@ -203,18 +203,23 @@ def _head_table(rows: list[dict[str, Any]], keys: Sequence[str], title: str) -> 
     return table
 
 
-def _layer_table(layer_rows: list[dict[str, Any]], keys: Sequence[str]) -> Any:
+def _layer_table(layer_rows: list[dict[str, Any]], keys: Sequence[str],
+                 short: bool = False) -> Any:
     from rich import box
     from rich.table import Table
 
-    table = Table(title="Per layer (mean over heads)", box=box.SIMPLE_HEAD, pad_edge=False,
-                  show_edge=False, title_justify="left")
+    from attnviz.analysis.stats import SHORT_LABELS
+
+    title = "Per layer (mean over heads" + ("; labels as in --plot)" if short else ")")
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+                  title_justify="left")
     table.add_column("L", justify="right", no_wrap=True)
     for key in keys:
         table.add_column(_SHORT[key], justify="right", no_wrap=True)
-    table.add_column("labels", min_width=12)  # wraps at ", " when the width is short
+    table.add_column("labels", min_width=12)  # wraps at ", " only when nothing else fits
     for entry in layer_rows:
-        counts = escape(", ".join(f"{n} {label}" for label, n in entry["labels"].items()))
+        counts = escape(", ".join(f"{n} {SHORT_LABELS.get(label, label) if short else label}"
+                                  for label, n in entry["labels"].items()))
         table.add_row(str(entry["layer"]), *[f"{entry[k]:.2f}" for k in keys], counts)
     return table
 
@@ -231,6 +236,16 @@ def fit_columns(rows: list[dict[str, Any]], keys: Sequence[str], width: int) -> 
         if _natural_width(_head_table(rows, trial, "")) <= width or not chosen:
             chosen.append(key)
     return [k for k in keys if k in chosen]
+
+
+def fit_layer_table(layer_rows: list[dict[str, Any]], keys: Sequence[str], width: int) -> Any:
+    """The per-layer table: label counts in full (``7 first-token/[CLS]``) where they fit
+    beside the statistics on one line, else in the short names of the plot's cells
+    (``7 first``), so that they do not wrap."""
+    table = _layer_table(layer_rows, keys)
+    if _natural_width(table) <= width:
+        return table
+    return _layer_table(layer_rows, keys, short=True)
 
 
 def _natural_width(table: Any) -> int:
@@ -271,14 +286,16 @@ def _print_head_tables(rows: list[dict[str, Any]], layer_rows: list[dict[str, An
     table = _head_table(rows, shown, title)
     if columns is not None:  # the columns asked for, whole, even if wider than the terminal
         width = max(width, _natural_width(table))
-    text = render_plain([table, "", _layer_table(layer_rows, shown)], width)
+    text = render_plain([table, "", fit_layer_table(layer_rows, shown, width)], width)
     stdout.file.write(text)
     stdout.file.flush()
     left_out = [k for k in keys if k not in shown]
     if left_out and columns is None:
-        stderr.print(f"Left out to fit {width} columns: {', '.join(_SHORT[k] for k in left_out)}"
-                     " (choose with --columns, e.g. --columns all; --format csv has every "
-                     "statistic)", markup=False, highlight=False)
+        import textwrap
+
+        note = (f"Left out to fit {width} columns: {', '.join(_SHORT[k] for k in left_out)} "
+                "(--columns all shows them; --format csv has every statistic)")
+        stderr.print("\n".join(textwrap.wrap(note, width)), markup=False, highlight=False)
 
 
 @app.command("heads", help=HEADS_HELP)
@@ -308,17 +325,20 @@ def heads_command(
     ascending: Annotated[bool, typer.Option(
         "--ascending", rich_help_panel=OUTPUT_PANEL,
         help="With --sort STAT: smallest first.")] = False,
-    fmt: Annotated[TableFormat, typer.Option(
-        "--format", "-f", rich_help_panel=OUTPUT_PANEL, help="Output format.")
-    ] = TableFormat.table,
+    fmt: Annotated[TableFormat | None, typer.Option(
+        "--format", "-f", rich_help_panel=OUTPUT_PANEL, show_default=False,
+        help="Output format (default: table; with --plot, the table is printed only when "
+             "--format or -o is given).")
+    ] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", rich_help_panel=OUTPUT_PANEL,
         help="Write the table to this file instead of standard output (with --format "
              "table: as Markdown).")] = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", rich_help_panel=OUTPUT_PANEL, metavar="PATH",
-        help="Also draw a layers x heads heatmap of --stat with the labels in the cells "
-             "(.png, .svg or .pdf).")] = None,
+        help="Draw a layers x heads heatmap of --stat with the labels in the cells (.png, "
+             ".svg or .pdf) and print its path instead of the table (add --format or -o for "
+             "the table as well).")] = None,
     stat: Annotated[StatName, typer.Option(
         "--stat", rich_help_panel=OUTPUT_PANEL, help="The statistic --plot shows.")
     ] = StatName.entropy,
@@ -412,7 +432,12 @@ def heads_command(
                          "run on a live causal model, or add --induction")
     report = head_report(sums, view, scores, induction_info=induction_info, sort=sort_key,
                          ascending=ascending, words=words, exclude_special=exclude_special)
-    if fmt is TableFormat.table and out is None:
+    # --plot alone draws the plot and says where it went; the 90-line table is asked for.
+    table_wanted = plot is None or fmt is not None or out is not None
+    fmt = fmt or TableFormat.table
+    if not table_wanted:
+        pass
+    elif fmt is TableFormat.table and out is None:
         _print_head_tables(report.rows, report.layer_rows, report.title,
                            parse_columns(columns, report.keys))
     else:
@@ -426,7 +451,13 @@ def heads_command(
         fig = figures.draw_stat_grid(values, labels, report.layers, report.heads, stat=stat_key,
                                      title=f"{report.title}: {stat_key}", cmap=cmap)
         path = save_figure(fig, plot, dpi=dpi)
-        if fmt is TableFormat.table or out is not None:
+        if not table_wanted:
+            stdout.print(str(path), markup=False)
+            stderr.print(f"{stat_key} of {len(report.layers)} layers x {len(report.heads)} "
+                         f"heads, with their labels, drawn to {path}; the table: add "
+                         f"--format table (or -o FILE)", markup=False, highlight=False,
+                         style="dim")
+        elif fmt is TableFormat.table or out is not None:
             stdout.print(str(path), markup=False)
         else:
             stderr.print(str(path), markup=False)

@@ -522,10 +522,45 @@ class HFSource:
             "select fewer layers or heads (--layers, --heads), shorten the input "
             "(--max-tokens), or write it straight to disk: attnviz dump ... --float16")
 
+    def _unknown_warnings(self, text: str, pair: str | None, tokens: list[str],
+                          special: list[bool]) -> list[str]:
+        """A warning when parts of the input became the unknown token (``[UNK]``: emoji,
+        scripts the vocabulary lacks), naming those parts; stronger when nothing else is left.
+        """
+        unknown = getattr(self.tokenizer, "unk_token", None)
+        count = sum(1 for token in tokens if token == unknown) if unknown else 0
+        if not count:
+            return []
+        pieces: list[str] = []
+        unknown_id = getattr(self.tokenizer, "unk_token_id", None)
+        for part in (text, pair):
+            if part is None or not getattr(self.tokenizer, "is_fast", False):
+                continue
+            try:  # which characters of the input each [UNK] stands for
+                enc = self.tokenizer(part, add_special_tokens=False,
+                                     return_offsets_mapping=True)
+                pieces += [part[start:stop] for token_id, (start, stop)
+                           in zip(enc["input_ids"], enc["offset_mapping"])
+                           if token_id == unknown_id and stop > start]
+            except (NotImplementedError, ValueError, TypeError, KeyError):
+                pieces = []
+                break
+        distinct = list(dict.fromkeys(pieces))
+        shown = ", ".join(repr(piece) for piece in distinct[:8]) + (
+            f" and {len(distinct) - 8} more" if len(distinct) > 8 else "")
+        named = f" ({shown})" if shown else ""
+        content = [token for token, is_special in zip(tokens, special) if not is_special]
+        if content and all(token == unknown for token in content):
+            return [f"every token of the text became {unknown}: {self.name}'s vocabulary has "
+                    f"none of its characters{named}, so the weights are between placeholders"]
+        return [f"{count} token{'s' if count != 1 else ''} became {unknown}, not in "
+                f"{self.name}'s vocabulary{named}"]
+
     def _make_capture(self, text: str, pair: str | None, tokens: list[str],
                       word_ids: list[int | None], special: list[bool], weights: np.ndarray,
                       layers: list[int], heads: list[int], causal: bool,
                       warnings: list[str]) -> Capture:
+        warnings = [*warnings, *self._unknown_warnings(text, pair, tokens, special)]
         meta: dict[str, Any] = {
             "source": "huggingface", "model_type": self.model_type, "revision": self.revision,
             "dtype": str(self.dtype).replace("torch.", ""), "device": str(self.device),

@@ -21,7 +21,12 @@ from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
-from attnviz.render.colours import ColourScale, ResolvedScale, colour_table  # noqa: E402
+from attnviz.render.colours import (  # noqa: E402
+    ColourScale,
+    ResolvedScale,
+    check_cmap,
+    colour_table,
+)
 from attnviz.render.head import draw_head  # noqa: E402
 from attnviz.render.layout import (  # noqa: E402
     ANNOT_MAX_TOKENS,
@@ -101,7 +106,8 @@ def draw_stat_grid(values: np.ndarray, labels: Sequence[Sequence[str]], layers: 
         if stat not in ("distance", "entropy_nats"):
             high = max(high, 1.0)  # shares and normalised entropy live in 0..1
         norm = Normalize(vmin=low, vmax=high if high > low else low + 1.0)
-        image = ax.imshow(values, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
+        image = ax.imshow(values, cmap=check_cmap(cmap), norm=norm, aspect="auto",
+                          interpolation="nearest")
         ax.set_xticks(np.arange(n_heads), [str(h) for h in heads])
         ax.set_yticks(np.arange(n_layers), [str(layer) for layer in layers])
         ax.set_xlabel("head")

@@ -29,11 +29,37 @@ VMAX_LIMIT = 1e6
 LOG_DECADES = 3  # the log scale shows weights from top / 1000 to top
 
 
+#: seaborn's perceptually uniform colour maps (``_r`` reverses each): selectable by name
+#: wherever a colour map is. seaborn registers them with matplotlib when it is imported,
+#: which takes about a second, so it is imported only when one of them is asked for.
+SEABORN_CMAPS = ("rocket", "mako", "flare", "crest", "vlag", "icefire")
+
+
+def is_seaborn_cmap(name: str) -> bool:
+    """Whether ``name`` is one of :data:`SEABORN_CMAPS`, or one reversed (``rocket_r``)."""
+    return name.removesuffix("_r") in SEABORN_CMAPS
+
+
+def _register_seaborn(name: str) -> None:
+    """Import seaborn, which registers its colour maps with matplotlib."""
+    try:
+        import seaborn  # noqa: F401  (registers rocket, mako, ... with matplotlib)
+    except ImportError:  # pragma: no cover - seaborn is a dependency
+        raise UsageError(f"the colour map {name!r} comes from seaborn, which is not installed",
+                         "pip install seaborn, or use a matplotlib colour map such as "
+                         "viridis") from None
+
+
 def check_cmap(name: str) -> str:
-    """Validate a matplotlib colour map name."""
+    """Validate a colour map name: matplotlib's, or one of seaborn's :data:`SEABORN_CMAPS`
+    (seaborn is imported then, and only then)."""
+    if name not in matplotlib.colormaps and is_seaborn_cmap(name):
+        _register_seaborn(name)
     if name not in matplotlib.colormaps:
-        close = [c for c in sorted(matplotlib.colormaps) if c.lower().startswith(name[:3].lower())]
-        hint = f"try one of: {', '.join(close[:6])}" if close else "try viridis, magma or Blues"
+        names = sorted({*matplotlib.colormaps, *SEABORN_CMAPS})
+        close = [c for c in names if c.lower().startswith(name[:3].lower())]
+        hint = (f"try one of: {', '.join(close[:6])}" if close else
+                f"try viridis, magma or Blues, or seaborn's {', '.join(SEABORN_CMAPS)}")
         raise UsageError(f"unknown colour map {name!r}", hint)
     return name
 

@@ -331,7 +331,8 @@ def head_template(rows: Sequence[str], cols: Sequence[str], *, cmap: str = "viri
     """
     num_query, num_key = len(rows), len(cols)
     colour_scale = _scale_of(scale)
-    probe = head_layout(num_query, num_key, annot=annot, dpi=dpi)
+    probe = head_layout(num_query, num_key, annot=annot, dpi=dpi, row_labels=list(rows),
+                        col_labels=list(cols))
     layout_title = _layout_title(titles, probe.title_width, TITLE_PT, "layer 0, head 0")
     lines = title_lines(layout_title, probe.title_width)
     dividers = row_divider is not None or col_divider is not None
@@ -431,7 +432,8 @@ class HeadFigure:
                  dpi: float = DEFAULT_DPI, row_divider: int | None = None,
                  col_divider: int | None = None, titles: Sequence[str] = ()) -> None:
         self.scale = _scale_of(scale)
-        probe = head_layout(len(rows), len(cols), annot=annot, dpi=dpi)
+        probe = head_layout(len(rows), len(cols), annot=annot, dpi=dpi,
+                            row_labels=list(rows), col_labels=list(cols))
         layout_title = _layout_title([title, *titles], probe.title_width, TITLE_PT,
                                      title)
         with plain_text():

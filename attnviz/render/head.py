@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import matplotlib
 
@@ -19,6 +20,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.image import AxesImage  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 
 from attnviz.render.colours import (  # noqa: E402
     DEFAULT_VMAX,
@@ -29,18 +31,24 @@ from attnviz.render.colours import (  # noqa: E402
 )
 from attnviz.render.layout import (  # noqa: E402
     ANNOT_MAX_TOKENS,
+    AXIS_LABEL_IN,
     AXIS_PT,
     CELL_ANNOT_IN,
     CELL_LABEL_IN,
     COLOURBAR_GAP_IN,
+    COLOURBAR_WIDTH_IN,
     DEFAULT_DPI,
+    LABEL_GAP_IN,
+    LABEL_IN,
     LABEL_PT,
+    TITLE_LINE_IN,
     TITLE_PT,
     HeadLayout,
     _fraction,
     _ordinal,
     head_layout,
     plain_text,
+    shorten,
     text_width,
     title_lines,
     wrap_text,
@@ -52,6 +60,7 @@ from attnviz.render.parts import (  # noqa: E402
     _divider,
     _scale,
     _token_ticks,
+    wrap_bar_label,
 )
 
 
@@ -94,10 +103,12 @@ def draw_head_artists(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[st
     num_query, num_key = matrix.shape
     with plain_text():
         if ax is None:
-            probe = head_layout(num_query, num_key, annot=annot, dpi=dpi)
+            probe = head_layout(num_query, num_key, annot=annot, dpi=dpi,
+                                row_labels=list(rows), col_labels=list(cols))
             lines = max(title_lines(title, probe.title_width), title_lines_hint)
             layout: HeadLayout | None = head_layout(num_query, num_key, annot=annot, dpi=dpi,
-                                                    lines=lines)
+                                                    lines=lines, row_labels=list(rows),
+                                                    col_labels=list(cols))
             assert layout is not None
             fig = Figure(figsize=(layout.width, layout.height), dpi=dpi)
             fig.patch.set_facecolor("white")
@@ -106,16 +117,14 @@ def draw_head_artists(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[st
             label_size, row_step, col_step = layout.label_size, layout.row_step, layout.col_step
             annotate, row_notes, col_notes = layout.annot, layout.row_notes, layout.col_notes
             title_width = layout.title_width
+            row_room = layout.row_label_in - LABEL_GAP_IN
+            col_room = layout.col_label_in - LABEL_GAP_IN
         else:
             layout = None
             fig = ax.get_figure()  # type: ignore[assignment]
             assert isinstance(fig, Figure)
-            from mpl_toolkits.axes_grid1 import make_axes_locatable
-
-            cax = make_axes_locatable(ax).append_axes("right", size="4%", pad=0.08)
-            box = ax.get_position()
-            plot_w, plot_h = box.width * fig.get_size_inches()[0], box.height * \
-                fig.get_size_inches()[1]
+            cax, plot_w, plot_h, bar_label = _fit_into_axes(ax, fig, rows, cols, title,
+                                                            resolved.label(label))
             label_size = LABEL_PT
             row_step = max(1, math.ceil(CELL_LABEL_IN / max(plot_h / num_query, 1e-6) - 1e-9))
             col_step = max(1, math.ceil(CELL_LABEL_IN / max(plot_w / num_key, 1e-6) - 1e-9))
@@ -124,21 +133,22 @@ def draw_head_artists(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[st
                 and min(plot_w / num_key, plot_h / num_query) >= CELL_ANNOT_IN)
             row_notes = (f"every {_ordinal(row_step)} token labelled",) if row_step > 1 else ()
             col_notes = (f"every {_ordinal(col_step)} token labelled",) if col_step > 1 else ()
-            title_width = max(box.width * fig.get_size_inches()[0], 1.0)
+            title_width = max(plot_w, 1.0)
+            row_room = col_room = LABEL_IN - LABEL_GAP_IN
         image = ax.imshow(rgb, aspect="auto", interpolation="nearest")
-        _token_ticks(ax, list(cols), col_step, label_size, "x")
-        _token_ticks(ax, list(rows), row_step, label_size, "y")
+        _token_ticks(ax, list(cols), col_step, label_size, "x", room=col_room)
+        _token_ticks(ax, list(rows), row_step, label_size, "y", room=row_room)
         ax.set_xlim(-0.5, num_key - 0.5)
         ax.set_ylim(num_query - 0.5, -0.5)
         if layout is not None and layout.plot[2] + 2 * COLOURBAR_GAP_IN < text_width(
                 "; ".join([col_name, *col_notes]), AXIS_PT):
             col_name = col_name.split(" ")[0]  # a narrow window: "key" clears the colour bar
         _axis_label(ax, "; ".join([col_name, *col_notes]), "x", list(cols)[::col_step],
-                    label_size)
+                    label_size, room=col_room)
         if layout is not None and layout.plot[3] < text_width(row_name, AXIS_PT) + 0.2:
             row_name = row_name.split(" ")[0]  # a flat window: "query" fits, the rest not
         _axis_label(ax, "; ".join([row_name, *row_notes]), "y", list(rows)[::row_step],
-                    label_size)
+                    label_size, room=row_room)
         _divider(ax, row_divider, "y")
         _divider(ax, col_divider, "x")
         cells = (_annotate(ax, matrix, bins, table, digits=digits)
@@ -150,9 +160,85 @@ def draw_head_artists(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[st
                                       ha="center", va="bottom", fontsize=TITLE_PT)
         else:
             title_text = ax.set_title(wrapped, fontsize=TITLE_PT)
-        ticks = _colourbar(fig, cax, resolved, cmap, resolved.label(label))
+        if layout is not None:
+            ticks = _colourbar(fig, cax, resolved, cmap, resolved.label(label))
+        else:  # texts of the colour bar's own axes: they follow it if a layout moves it
+            ticks = _colourbar(fig, cax, resolved, cmap, bar_label, attached=True)
     return HeadArtists(fig, ax, image, title_text, ticks, cells, resolved, layout, title_width,
                        annotate)
+
+
+def _fit_into_axes(ax: Axes, fig: Figure, rows: Sequence[str], cols: Sequence[str],
+                   title: str, bar_label: str) -> tuple[Axes, float, float, str]:
+    """Fit a heatmap, its labels, colour bar and title into the box of an axes of the user's
+    figure, so that nothing reaches into a neighbouring panel (a 1x2 ``subplots`` figure).
+
+    The heatmap keeps to its box less the room its labels, title and colour bar take
+    (measured, in inches): an axes locator applies that at every draw, so a layout engine
+    (``tight_layout``, constrained layout) that moves or resizes the box moves all of it. The
+    colour bar is an inset of the heatmap's axes, as tall as the plot.
+
+    Returns:
+        ``(colour bar axes, plot width, plot height, colour bar label)``, sizes in inches
+        for the box as it is now; the label is wrapped to the bar's height.
+    """
+    fig_w, fig_h = (float(v) for v in fig.get_size_inches())
+    box = ax.get_position(original=True)
+    width, height = box.width * fig_w, box.height * fig_h
+    room = LABEL_IN - LABEL_GAP_IN
+
+    def widest(labels: Sequence[str]) -> float:
+        return max((text_width(shorten(t, room, LABEL_PT), LABEL_PT) for t in labels),
+                   default=0.0)
+
+    left = AXIS_LABEL_IN + widest(rows) + LABEL_GAP_IN + 0.04
+    bottom = AXIS_LABEL_IN + widest(cols) + LABEL_GAP_IN + 0.04
+    ticks = max(text_width(t, 8.0) for t in ("0.0068", "0.25", "1e-3"))
+    plot_w, plot_h, top, right, wrapped = width, height, 0.0, 0.0, bar_label
+    for _ in range(2):  # title lines follow the width, the label's lines the height
+        top = title_lines(title, max(plot_w, 1.0)) * TITLE_LINE_IN + 0.12
+        plot_h = max(height - bottom - top, 0.3 * height)
+        wrapped = wrap_bar_label(bar_label, plot_h)
+        label_w = (wrapped.count("\n") + 1) * 8.5 * 1.3 / 72
+        right = COLOURBAR_GAP_IN + COLOURBAR_WIDTH_IN + 0.12 + ticks + 0.08 + label_w + 0.04
+        plot_w = max(width - left - right, 0.3 * width)
+    inside = _InsideBox(ax, fig, left, bottom, right, top)
+    ax.set_axes_locator(inside)
+    cax = ax.inset_axes((1 + COLOURBAR_GAP_IN / plot_w, 0.0, COLOURBAR_WIDTH_IN / plot_w, 1.0))
+    cax.set_axes_locator(inside.bar)  # in inches beside the plot, whatever its size
+    return cax, plot_w, plot_h, wrapped
+
+
+class _InsideBox:
+    """Axes locator: the axes' own box (as the figure or its layout engine sets it) less
+    fixed margins in inches, never less than 30% of the box on either side.
+
+    It answers ``get_subplotspec`` for its axes, as ``tight_layout`` asks the locator of an
+    axes that has one.
+    """
+
+    def __init__(self, ax: Axes, fig: Figure, left: float, bottom: float, right: float,
+                 top: float) -> None:
+        self.ax, self.fig, self.margins = ax, fig, (left, bottom, right, top)
+
+    def get_subplotspec(self) -> Any:
+        return self.ax.get_subplotspec()
+
+    def __call__(self, ax: Any, renderer: Any) -> Bbox:
+        left, bottom, right, top = self.margins
+        fig_w, fig_h = (float(v) for v in self.fig.get_size_inches())
+        box = ax.get_position(original=True)
+        plot_w = max(box.width - (left + right) / fig_w, 0.3 * box.width)
+        plot_h = max(box.height - (bottom + top) / fig_h, 0.3 * box.height)
+        return Bbox.from_bounds(box.x0 + min(left / fig_w, 0.35 * box.width),
+                                box.y0 + min(bottom / fig_h, 0.35 * box.height), plot_w, plot_h)
+
+    def bar(self, cax: Any, renderer: Any) -> Bbox:
+        """Locator of the colour bar: :data:`COLOURBAR_GAP_IN` right of the plot, as tall."""
+        plot = self(self.ax, renderer)
+        fig_w = float(self.fig.get_size_inches()[0])
+        return Bbox.from_bounds(plot.x1 + COLOURBAR_GAP_IN / fig_w, plot.y0,
+                                COLOURBAR_WIDTH_IN / fig_w, plot.height)
 
 
 def draw_head(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], *, title: str,

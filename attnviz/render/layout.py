@@ -47,7 +47,9 @@ MAX_GRID_IN = 40.0  # a grid's width or height
 MIN_FIGURE_IN = 5.5  # narrower figures would wrap every title
 MIN_BAR_IN = 2.6  # the colour bar's label needs this much height
 PAD_IN = 0.12
-LABEL_IN = 0.95  # room for tick labels (longer labels are shortened with "...")
+LABEL_IN = 0.95  # room for tick labels; a one-head figure grows it for longer labels
+MAX_LABEL_IN = 2.4  # ... up to this (about 28 characters at 8 pt); longer labels are shortened
+LABEL_GAP_IN = 0.08  # between the plot's edge and its labels, counted in the label room
 AXIS_LABEL_IN = 0.3
 TITLE_LINE_IN = 0.21
 TITLE_LINES = 2  # lines a head figure reserves for its title (more make it taller)
@@ -154,6 +156,9 @@ class HeadLayout:
         row_notes, col_notes: what the axis labels add (thinned labels, downsampling).
         title_width: the width titles are wrapped to.
         dropped_values: why cell values asked for were left out, or ``""``.
+        row_label_in, col_label_in: room for the query and key labels (inches, the gap to
+            the plot included): :data:`LABEL_IN`, more for longer labels, at most
+            :data:`MAX_LABEL_IN`.
     """
 
     width: float
@@ -169,6 +174,15 @@ class HeadLayout:
     title_width: float
     title_lines: int
     dropped_values: str = ""
+    row_label_in: float = LABEL_IN
+    col_label_in: float = LABEL_IN
+
+
+def label_room(widest: float) -> float:
+    """Room (inches) for token labels whose widest is ``widest`` inches: at least
+    :data:`LABEL_IN`, at most :data:`MAX_LABEL_IN`, in whole hundredths."""
+    need = math.ceil((widest + LABEL_GAP_IN + 0.02) * 100 - 1e-6) / 100
+    return min(max(LABEL_IN, need), MAX_LABEL_IN)
 
 
 def _whole(inches: float) -> float:
@@ -199,7 +213,8 @@ def _axis_notes(count: int, cell: float, step: int, dpi: float) -> tuple[str, ..
 
 
 def head_layout(num_query: int, num_key: int | None = None, *, annot: bool | None = None,
-                dpi: float = DEFAULT_DPI, lines: int = TITLE_LINES) -> HeadLayout:
+                dpi: float = DEFAULT_DPI, lines: int = TITLE_LINES,
+                row_labels: Sequence[str] = (), col_labels: Sequence[str] = ()) -> HeadLayout:
     """The layout of a one-head figure of ``num_query`` x ``num_key`` tokens.
 
     Args:
@@ -208,6 +223,9 @@ def head_layout(num_query: int, num_key: int | None = None, *, annot: bool | Non
             left out when an 8-pt value would not fit the cells within the size bound.
         dpi: the saved resolution (decides whether the image must be downsampled).
         lines: lines of the (wrapped) title; at least :data:`TITLE_LINES` are reserved.
+        row_labels, col_labels: the query and key labels: the margins grow to fit the
+            longest (up to :data:`MAX_LABEL_IN`), so that labels are shortened only when
+            they are longer than that.
     """
     num_key = num_query if num_key is None else num_key
     largest = max(num_query, num_key, 1)
@@ -230,16 +248,25 @@ def head_layout(num_query: int, num_key: int | None = None, *, annot: bool | Non
     row_step = max(1, math.ceil(need / cell_y - 1e-9))
     col_step = max(1, math.ceil(need / cell_x - 1e-9))
     plot_w, plot_h = cell_x * num_key, cell_y * num_query
-    left = PAD_IN + AXIS_LABEL_IN + LABEL_IN
-    bottom = PAD_IN + AXIS_LABEL_IN + LABEL_IN
+    # Labels are measured at the larger label size, so either size fits the room.
+    row_room = label_room(max((text_width(t, 9.0) for t in row_labels[::row_step]), default=0))
+    col_room = label_room(max((text_width(t, 9.0) for t in col_labels[::col_step]), default=0))
+    left = PAD_IN + AXIS_LABEL_IN + row_room
+    bottom = PAD_IN + AXIS_LABEL_IN + col_room
+    # The colour bar is at most twice the plot's height (a one-cell window: 1.5 in, not
+    # 2.6); a bar shorter than its label gets the label wrapped, in up to 2 more lines.
+    bar_h = max(min(MIN_BAR_IN, 2 * plot_h), min(plot_h, max(MIN_PLOT_IN, plot_h * 0.6)))
     right = COLOURBAR_GAP_IN + COLOURBAR_WIDTH_IN + COLOURBAR_TEXT_IN + PAD_IN
+    if bar_h < MIN_BAR_IN:  # room for the wrapped label's lines past two (a long one)
+        lines = sum(wrap_text(line, bar_h, 8.5, max_lines=3).count("\n") + 1
+                    for line in ("attention weight", "power 0.35 scale, top = 0.0068 (fixed)"))
+        right += (lines - 2) * 8.5 * 1.3 / 72
     width = left + plot_w + right
     if width < MIN_FIGURE_IN:  # centre the plot and colour bar in the wider figure
         left += math.floor((MIN_FIGURE_IN - width) * 50) / 100
         width = MIN_FIGURE_IN
     lines = max(lines, TITLE_LINES)
     top = PAD_IN + lines * TITLE_LINE_IN + 0.12
-    bar_h = max(MIN_BAR_IN, min(plot_h, max(MIN_PLOT_IN, plot_h * 0.6)))
     # A flat window (a few queries): the colour bar reaches below the plot; make room for it.
     bottom += max(0.0, math.ceil((bar_h + PAD_IN - plot_h - bottom) * 100) / 100)
     height = bottom + plot_h + top
@@ -250,7 +277,8 @@ def head_layout(num_query: int, num_key: int | None = None, *, annot: bool | Non
         row_step=row_step, col_step=col_step, annot=annot,
         row_notes=_axis_notes(num_query, cell_y, row_step, dpi),
         col_notes=_axis_notes(num_key, cell_x, col_step, dpi),
-        title_width=width - 2 * PAD_IN, title_lines=lines, dropped_values=dropped)
+        title_width=width - 2 * PAD_IN, title_lines=lines, dropped_values=dropped,
+        row_label_in=row_room, col_label_in=col_room)
 
 
 def head_figure_size(num_query: int, num_key: int | None = None, *, annot: bool | None = None,

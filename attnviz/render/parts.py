@@ -17,17 +17,28 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from attnviz.render.colours import ColourScale, ColourTable, ResolvedScale, colour_table  # noqa: E402
-from attnviz.render.layout import ANNOT_PT, AXIS_PT, LABEL_IN, shorten, text_width  # noqa: E402
+from attnviz.render.layout import (  # noqa: E402
+    ANNOT_PT,
+    AXIS_PT,
+    LABEL_GAP_IN,
+    LABEL_IN,
+    shorten,
+    text_width,
+    wrap_text,
+)
 
 DIVIDER_COLOUR = "white"
 
 
 def _colourbar(fig: Figure, cax: Axes, scale: ResolvedScale, cmap: str, label: str,
-               size: float = 8.0, labels: Sequence[str] | None = None) -> list[Text]:
+               size: float = 8.0, labels: Sequence[str] | None = None, *,
+               attached: bool = False) -> list[Text]:
     """A colour bar drawn as a gradient image in unit space, with its ticks.
 
     The tick labels are figure texts at fixed places (the fast renderer stamps them), so
-    returned in tick order; the label says the scale and the top.
+    returned in tick order; the label says the scale and the top. ``attached``: the texts
+    belong to the colour bar's axes instead (placed relative to it), for a colour bar in the
+    user's own figure, whose layout may still move it.
     """
     gradient = colour_table(cmap).rgb[:, None, :]  # [N, 1, 3], bottom to top
     cax.imshow(gradient, aspect="auto", interpolation="nearest", origin="lower",
@@ -41,11 +52,14 @@ def _colourbar(fig: Figure, cax: Axes, scale: ResolvedScale, cmap: str, label: s
     cax.tick_params(axis="y", length=3, width=0.8, pad=1)
     for spine in cax.spines.values():
         spine.set_linewidth(0.8)
+    strings = list(scale.tick_labels() if labels is None else labels)
+    if attached:
+        return _attached_texts(fig, cax, units, strings, label, size)
     position = cax.get_position()
     fig_w, fig_h = fig.get_size_inches()
+    label = wrap_bar_label(label, position.height * fig_h)
     x = position.x1 + 0.07 / fig_w
     texts = []
-    strings = list(scale.tick_labels() if labels is None else labels)
     for unit, text in zip(units, strings):
         y = position.y0 + unit * position.height
         texts.append(fig.text(x, y, text, ha="left", va="center", fontsize=size,
@@ -55,6 +69,28 @@ def _colourbar(fig: Figure, cax: Axes, scale: ResolvedScale, cmap: str, label: s
     label_x = position.x1 + (0.12 + longest + 0.08) / fig_w
     fig.text(label_x, position.y0 + position.height / 2, label, rotation=90, ha="left",
              va="center", fontsize=8.5, parse_math=False, linespacing=1.3)
+    return texts
+
+
+def wrap_bar_label(label: str, length: float) -> str:
+    """A colour bar's label with each line wrapped to the bar's ``length`` (inches), so that
+    a short bar's label does not reach past it (unchanged when it fits)."""
+    return "\n".join(wrap_text(line, length, 8.5, max_lines=3) for line in label.split("\n"))
+
+
+def _attached_texts(fig: Figure, cax: Axes, units: Sequence[float], strings: Sequence[str],
+                    label: str, size: float) -> list[Text]:
+    """The colour bar's tick labels and label as texts of its axes, right of it."""
+    from matplotlib.transforms import ScaledTranslation
+
+    def right_of_bar(inches: float) -> Any:
+        return cax.transAxes + ScaledTranslation(inches, 0.0, fig.dpi_scale_trans)
+
+    texts = [cax.text(1.0, unit, text, transform=right_of_bar(0.07), ha="left", va="center",
+                      fontsize=size, parse_math=False) for unit, text in zip(units, strings)]
+    longest = max(text_width(t, size) for t in [*strings, "0.0068"])
+    cax.text(1.0, 0.5, label, transform=right_of_bar(0.12 + longest + 0.08), rotation=90,
+             ha="left", va="center", fontsize=8.5, parse_math=False, linespacing=1.3)
     return texts
 
 
@@ -72,7 +108,7 @@ def _offset(ax: Axes, axis: str, points: float) -> Any:
 
 
 def _token_ticks(ax: Axes, labels: Sequence[str], step: int, size: float, axis: str,
-                 room: float = LABEL_IN - 0.08,
+                 room: float = LABEL_IN - LABEL_GAP_IN,
                  places: Sequence[float] | None = None) -> list[Text]:
     """Token labels along one side of a heatmap, every ``step``-th (cell ``i`` is centred on
     ``i``, or on ``places[i]``), shortened to ``room`` inches.
@@ -97,10 +133,11 @@ def _token_ticks(ax: Axes, labels: Sequence[str], step: int, size: float, axis: 
     return texts
 
 
-def _axis_label(ax: Axes, text: str, axis: str, labels: Sequence[str], size: float) -> Text:
-    """An axis label just outside the widest token label (measured)."""
-    widest = max((text_width(shorten(t, LABEL_IN - 0.08, size), size) for t in labels),
-                 default=0.0)
+def _axis_label(ax: Axes, text: str, axis: str, labels: Sequence[str], size: float,
+                room: float = LABEL_IN - LABEL_GAP_IN) -> Text:
+    """An axis label just outside the widest token label (measured, as shortened to
+    ``room`` inches)."""
+    widest = max((text_width(shorten(t, room, size), size) for t in labels), default=0.0)
     points = 2.0 + widest * 72 + 4.0
     if axis == "x":
         return ax.text(0.5, 0.0, text, transform=_axes_offset(ax, 0.0, -points), ha="center",
