@@ -391,7 +391,7 @@ def capture_html(capture: Capture) -> str:
     if int(capture.weights.size) <= MAX_REPR_WEIGHTS:
         return static_html(capture)
     shape = " x ".join(str(n) for n in capture.weights.shape)
-    return (f"<p><b>attnviz capture</b> of {html.escape(capture.model)}: "
+    return (f"<p><b>attnviz capture</b> of {html.escape(capture.model_label)}: "
             f"{capture.num_tokens} tokens, weights [layer, head, query, key] = {shape}. "
             "Too large to embed by default: use <code>capture.show()</code>, or "
             "<code>capture.select(layers=[...]).show()</code>.</p>")
@@ -477,7 +477,7 @@ class AttentionView(anywidget.AnyWidget):
     def __repr__(self) -> str:
         what = f"layer {self.layer}, " + (f"head {self.head}" if self.head is not None
                                           else f"{len(self.heads)} heads")
-        return (f"AttentionView({self.view} view of {self._capture.model}: "
+        return (f"AttentionView({self.view} view of {self._capture.model_label}: "
                 f"{self._capture.num_tokens} tokens, {what})")
 
     # Values from Python and from the browser pass through these checks alike.

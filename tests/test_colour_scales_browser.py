@@ -19,7 +19,7 @@ import pytest
 
 from attnviz.capture import Capture
 from attnviz.errors import UsageError
-from attnviz.render import heatmap
+from attnviz.render import colours, heatmap
 from attnviz.render.html import colour_scale, decode_weights, read_report_data, write_report
 from tests._browser import watch
 
@@ -193,4 +193,4 @@ def test_tick_labels_are_written_as_the_figures_write_them(scales_page: Any) -> 
     values = [0.0, 0.125, 0.135, 0.375, 1.0, 0.5, 0.0625, 0.05, 0.0125, 0.001, 0.00025,
               5e-05, 1.25e-05, 0.09999, 0.099, 1e-07, 2.5, 123.0, 1e6]
     got = scales_page.evaluate("vs => vs.map(attnvizFormatWeight)", values)
-    assert got == [heatmap._format_value(v) for v in values]
+    assert got == [colours._format_value(v) for v in values]

@@ -133,10 +133,15 @@ ATT = tuple(_softmax_rows((2, 3, 4, 4), seed) for seed in range(2))  # 2 layers,
 TOKENS = ["[CLS]", "a", "b", "[SEP]"]
 
 
-@pytest.mark.parametrize("index", ["1", 1.0, True, None])
+@pytest.mark.parametrize("index", ["1", 1.0, True])
 def test_from_attentions_batch_index_must_be_an_integer(index: Any) -> None:
     with pytest.raises(UsageError, match="batch_index must be an integer"):
         Capture.from_attentions(ATT, TOKENS, batch_index=index)
+
+
+def test_from_attentions_batch_of_two_needs_batch_index() -> None:
+    with pytest.raises(UsageError, match=r"batch of 2 rows: pass batch_index="):
+        Capture.from_attentions(ATT, TOKENS)
 
 
 def test_from_attentions_numpy_batch_index_and_a_generator() -> None:
@@ -154,7 +159,8 @@ def test_from_attentions_numpy_batch_index_and_a_generator() -> None:
     ({"attentions": [np.full((1, 1, 4, 4), "x")]}, "real numbers"),
     ({"attentions": [-a for a in ATT]}, "negative"),
     ({"attentions": [a * 4 for a in ATT]}, "must sum to 1"),
-    ({"attention_mask": np.array([[1, 1, 1, 0], [1, 1, 1, 1]])}, "must sum to 1"),
+    ({"attention_mask": np.array([[1, 1, 1, 0], [1, 1, 1, 1]]), "batch_index": 0},
+     "must sum to 1"),
     ({"causal": True}, "later key"),
     ({"num_layers": 0}, "num_layers"),
     ({"tokens": None}, "tokens"),
@@ -169,6 +175,8 @@ def test_from_attentions_numpy_batch_index_and_a_generator() -> None:
 def test_from_attentions_refuses_what_would_break_later(options: dict[str, Any],
                                                        words: str) -> None:
     arguments: dict[str, Any] = {"attentions": ATT, "tokens": TOKENS, **options}
+    if np.shape(arguments["attentions"][0])[0] > 1:  # a batch of two: say which row
+        arguments.setdefault("batch_index", 1)
     with pytest.raises(UsageError) as caught:
         Capture.from_attentions(arguments.pop("attentions"), arguments.pop("tokens"),
                                 **arguments)

@@ -9,7 +9,7 @@ Layout of the embedded data (``<script type="application/json" id="attnviz-data"
     {"format": "attnviz-report", "version": 1, "title": ..., "generator": "attnviz 0.2.0",
      "initial": {"words": false, "special": true, and optionally "view", "layer", "heads",
                  "scale", "gamma", "vmax"},
-     "docs": [{"model", "text", "pair", "causal", "layers", "heads", "num_layers",
+     "docs": [{"model", "model_label", "text", "pair", "causal", "layers", "heads", "num_layers",
                "num_heads", "tokens", "display_tokens", "special", "word_ids",
                "words": {"groups", "labels", "special"} or null,
                "stats": [head_table rows] or null,
@@ -224,6 +224,7 @@ def doc_data(capture: Capture, *, precision: int = DEFAULT_PRECISION) -> dict[st
             "keep fewer layers or heads with --layers/--heads, or fewer tokens with --max-tokens")
     return {
         "model": capture.model,
+        "model_label": capture.model_label,
         "text": capture.text,
         "pair": capture.pair,
         "causal": bool(capture.causal),

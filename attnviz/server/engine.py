@@ -472,6 +472,7 @@ def capture_payload(capture: Capture, *, weights: str = "q8", stats: bool = Fals
     from attnviz.render.html import encode_weights, head_stats, word_units
 
     payload = _plain(capture.sidecar())
+    payload["model_label"] = capture.model_label
     payload["words"] = word_units(capture)
     payload["stats"] = head_stats(capture) if stats else None
     payload["warnings"] = [str(w) for w in capture.meta.get("warnings", [])]
@@ -536,7 +537,7 @@ def topk_payload(capture: Capture, params: TopkRequest) -> dict[str, Any]:
         label = str(resolve_index(int(chosen), view.num_heads, "head"))
         matrix, what = view.matrix(params.layer, int(chosen)), f"head {label}"
     notes = view_notes(view)
-    title = (f"{view.model}: layer {layer}, {what}"
+    title = (f"{view.model_label}: layer {layer}, {what}"
              + (f" ({', '.join(notes)})" if notes else "") + f", top {params.k}")
     tokens = view.display_tokens
     payload: dict[str, Any] = {"title": title, "k": params.k, "layer": layer, "head": label,

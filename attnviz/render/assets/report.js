@@ -212,6 +212,11 @@ function attnvizMount(root, DATA, options) {
     return node;
   }
 
+  // A model's name for titles: a local folder's name, not its path (the record keeps the path).
+  function modelName(meta) {
+    return meta.model_label || String(meta.model || "").split(/[\\/]/).filter(Boolean).pop() || "";
+  }
+
   function clamp(value, low, high) {
     return Math.max(low, Math.min(high, value));
   }
@@ -457,7 +462,7 @@ function attnvizMount(root, DATA, options) {
     else if (state.heads.length === current.H) heads = what + "all " + current.H + " heads";
     else heads = what + "heads " + state.heads.map((h) => meta.heads[h]).join(", ");
     const extra = notes();
-    return meta.model + ": " + layer + ", " + heads + (extra.length ? " (" + extra.join("; ") + ")" : "");
+    return modelName(meta) + ": " + layer + ", " + heads + (extra.length ? " (" + extra.join("; ") + ")" : "");
   }
 
   // ------------------------------------------------------------------ tooltip
@@ -830,7 +835,7 @@ function attnvizMount(root, DATA, options) {
     ctx.font = "600 13px system-ui, sans-serif";
     ctx.textBaseline = "middle";
     const extra = notes();
-    ctx.fillText(meta.model + ": every layer and head" + (extra.length ? " (" + extra.join("; ") + ")" : ""), 6, 14);
+    ctx.fillText(modelName(meta) + ": every layer and head" + (extra.length ? " (" + extra.join("; ") + ")" : ""), 6, 14);
     ctx.font = "11px system-ui, sans-serif";
     ctx.fillStyle = "#5f6670";
     ctx.textAlign = "center";
@@ -1095,7 +1100,7 @@ function attnvizMount(root, DATA, options) {
     byId("special").disabled = !meta.special.some(Boolean);
     byId("stats-tab").hidden = !meta.stats;
     const info = byId("doc-info");
-    const parts = [el("span", "", meta.model + " \u00b7 " + meta.tokens.length + " tokens \u00b7 " +
+    const parts = [el("span", "", modelName(meta) + " \u00b7 " + meta.tokens.length + " tokens \u00b7 " +
       meta.layers.length + " of " + meta.num_layers + " layers \u00b7 " + meta.heads.length + " of " +
       meta.num_heads + " heads" + (meta.causal ? " \u00b7 causal" : "") + " \u00b7 " +
       current.bits + "-bit weights \u00b7 text: ")];
@@ -1291,7 +1296,7 @@ function attnvizMount(root, DATA, options) {
     const meta = current.meta;
     const heads = state.heads.length === 1 ? "H" + meta.heads[state.heads[0]] :
       state.heads.length === current.H ? "all" : "H" + state.heads.map((h) => meta.heads[h]).join("-");
-    const name = ("attnviz_" + meta.model + "_" + state.view + (state.view === "model" ? "" :
+    const name = ("attnviz_" + modelName(meta) + "_" + state.view + (state.view === "model" ? "" :
       "_L" + meta.layers[state.layer] + "_" + heads)).replace(/[^A-Za-z0-9_.-]+/g, "_") + ".png";
     canvas.toBlob((blob) => {
       if (!blob) {
