@@ -314,3 +314,81 @@ def test_padded_batch_rows_equal_single_runs(tiny_gpt2_dir) -> None:
         alone = measures.compute(name, model, {"input_ids": ids[1:, :3]}, model.config)
         for both, one in zip(batch, alone):
             np.testing.assert_allclose(both[1, :, :3, :3].numpy(), one[0].numpy(), atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- value zeroing
+def _value_module(model: Any, kind: str, layer: int) -> tuple[Any, slice]:
+    d = model.config.hidden_size if kind != "gpt2" else model.config.n_embd
+    if kind == "bert":
+        return model.encoder.layer[layer].attention.self.value, slice(None)
+    if kind == "gpt2":
+        return model.h[layer].attn.c_attn, slice(2 * d, 3 * d)
+    return model.layers[layer].self_attn.v_proj, slice(None)
+
+
+def _layer_module(model: Any, kind: str, layer: int) -> Any:
+    return {"bert": lambda: model.encoder.layer[layer], "gpt2": lambda: model.h[layer],
+            "llama": lambda: model.layers[layer]}[kind]()
+
+
+def _layer_output(model: Any, kind: str, inputs: dict[str, Any], layer: int,
+                  zero: int | None) -> np.ndarray:
+    """Run the whole model; layer ``layer``'s output, with token ``zero``'s value zeroed."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def zero_value(_module: Any, _args: Any, out: torch.Tensor) -> torch.Tensor:
+        out = out.clone()
+        out[:, zero, part] = 0.0
+        return out
+
+    def keep(_module: Any, _args: Any, out: Any) -> None:
+        seen["out"] = out[0] if isinstance(out, tuple) else out
+
+    value, part = _value_module(model, kind, layer)
+    handles = [_layer_module(model, kind, layer).register_forward_hook(keep)]
+    if zero is not None:
+        handles.append(value.register_forward_hook(zero_value))
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen["out"][0].numpy()
+
+
+def test_value_zeroing_equals_rerunning_the_model_with_each_value_zeroed(case: Case) -> None:
+    import copy
+
+    got = _compute(case, "value-zeroing")
+    model64 = copy.deepcopy(case.model).double()
+    tokens = case.attn[0].shape[-1]
+    # MiniLM: the first, a middle and the last layer (each needs tokens + 1 whole passes).
+    chosen = [0, 2, case.layers - 1] if case.kind == "bert" else range(case.layers)
+    for layer in chosen:
+        original = _layer_output(model64, case.kind, case.inputs, layer, None)
+        expected = np.zeros((tokens, tokens))
+        for j in range(tokens):
+            changed = _layer_output(model64, case.kind, case.inputs, layer, j)
+            for i in range(tokens):
+                a, b = original[i], changed[i]
+                expected[i, j] = 1 - a @ b / (np.linalg.norm(a) * np.linalg.norm(b))
+        expected = np.clip(expected, 0, None)
+        expected /= expected.sum(-1, keepdims=True)
+        for h in range(case.heads):
+            np.testing.assert_allclose(got[layer][h], expected, atol=TOL, rtol=0)
+        np.testing.assert_allclose(got[layer].sum(-1), 1.0, atol=1e-6)
+        if case.kind != "bert":
+            assert np.all(np.triu(got[layer][0], 1) < 1e-9)
+
+
+def test_value_zeroing_batches_of_copies_do_not_change_the_result(gpt2_case: Case,
+                                                                  monkeypatch) -> None:
+    """Rerunning one zeroed copy at a time gives what the batched copies give."""
+    import attnviz.measures.value_zeroing as vz
+
+    batched = _compute(gpt2_case, "value-zeroing")
+    monkeypatch.setattr(vz, "CHUNK_BYTES", 1)  # one copy per rerun
+    single = _compute(gpt2_case, "value-zeroing")
+    for one, many in zip(single, batched):
+        np.testing.assert_allclose(one, many, atol=1e-9)

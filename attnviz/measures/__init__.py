@@ -118,4 +118,6 @@ def compute(name: str, model: Any, inputs: dict[str, Any], config: Any) -> list[
         from attnviz.measures.alti import alti_layers
 
         return alti_layers(model, inputs, config)
-    raise NotImplementedError(f"measure {canonical!r} is not implemented yet")
+    from attnviz.measures.value_zeroing import value_zeroing_layers
+
+    return value_zeroing_layers(model, inputs, config)
