@@ -115,3 +115,19 @@ def test_rollout_cli_flow_errors(invoke, tmp_path, monkeypatch, args, fragment) 
     assert fragment in output
     assert "Traceback" not in output
     assert not list(tmp_path.iterdir())
+
+
+def test_readme_flow_command_runs(invoke, cli_minilm, tmp_path, monkeypatch) -> None:
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    line = next(x for x in readme.splitlines() if x.startswith("attnviz rollout")
+                and "--method flow" in x)
+    assert "--max-flow-tokens (default 32, at most 128)" in readme.replace("`", "")
+    monkeypatch.chdir(tmp_path)
+    result = invoke(*shlex.split(line)[1:])
+    assert result.exit_code == 0, result.output
+    assert "Attention flow of 'it'" in result.stdout
+    matrix = np.load(next(tmp_path.glob("*.npy")))
+    np.testing.assert_allclose(matrix.sum(-1), 1.0, atol=1e-5)
