@@ -308,7 +308,7 @@ def test_padded_batch_rows_equal_single_runs(tiny_gpt2_dir) -> None:
     model = AutoModel.from_pretrained(tiny_gpt2_dir, attn_implementation="eager").eval()
     ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-    for name in ("norm", "alti"):
+    for name in ("norm", "alti", "value-zeroing"):
         batch = measures.compute(name, model, {"input_ids": ids, "attention_mask": mask},
                                  model.config)
         alone = measures.compute(name, model, {"input_ids": ids[1:, :3]}, model.config)

@@ -105,6 +105,9 @@ def check_supported(name: str, config: Any) -> str:
 def compute(name: str, model: Any, inputs: dict[str, Any], config: Any) -> list[Any]:
     """One float32 tensor per layer, ``[batch, head, query, key]``, of measure ``name``.
 
+    The tensors are on the model's device. The measures defined per layer (``per_head`` false
+    in :func:`conventions`) repeat the layer's matrix for every head.
+
     Args:
         name: a measure (see :data:`MEASURES`).
         model: a Hugging Face model loaded with eager attention (``bert``, ``gpt2`` or
