@@ -17,6 +17,7 @@ tokens, which every later token can see: rollout favours early tokens there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -71,7 +72,8 @@ def rollout_weights(weights: np.ndarray, head_fusion: str = "mean") -> np.ndarra
     return result
 
 
-def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0) -> np.ndarray:
+def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0,
+            combine: Callable[[np.ndarray, str], np.ndarray] = rollout_weights) -> np.ndarray:
     """Attention rollout of a capture from ``start_layer`` to its last layer.
 
     Args:
@@ -79,6 +81,8 @@ def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0) -
             capture's last layer must all be held (heads may be a subset: they are fused).
         head_fusion: ``mean``, ``max`` or ``min``.
         start_layer: the model layer to start from (negative counts from the end).
+        combine: how the stack of layers becomes one matrix: :func:`rollout_weights`, or
+            attention flow (:func:`attnviz.analysis.flow.flow_weights`).
 
     Returns:
         ``[query, key]`` float64 matrix; row ``i`` is token ``i``'s rolled-out attention.
@@ -104,7 +108,7 @@ def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0) -
             f"{', '.join(str(m) for m in missing)}",
             "capture all layers (drop --layers from dump), or raise --start-layer")
     positions = [capture.layers.index(layer) for layer in needed]
-    return rollout_weights(np.asarray(capture.weights[positions], dtype=np.float64), head_fusion)
+    return combine(np.asarray(capture.weights[positions], dtype=np.float64), head_fusion)
 
 
 @dataclass
@@ -126,18 +130,21 @@ class RolloutResult:
     span: str
     title: str
     bar_title: str
+    name: str = "Rolled-out attention"
 
     def summary(self, k: int = 5) -> str:
         """One line with the ``k`` keys of row ``index`` that get the most, largest first."""
         row = self.matrix[self.index]
         order = np.argsort(-row, kind="stable")[:k]
         top = ", ".join(f"{self.tokens[j]} {row[j]:.3f}" for j in order)
-        return (f"Rolled-out attention of {self.tokens[self.index]!r} (position {self.index}): "
+        return (f"{self.name} of {self.tokens[self.index]!r} (position {self.index}): "
                 f"{top}")
 
 
 def rollout_view(view: Capture, head_fusion: str = "mean", start_layer: int = 0,
-                 token: str | None = None) -> RolloutResult:
+                 token: str | None = None,
+                 combine: Callable[[np.ndarray, str], np.ndarray] = rollout_weights,
+                 method: str = "rollout") -> RolloutResult:
     """Rollout of a capture (as shown: words merged or specials dropped) and its titles.
 
     Args:
@@ -147,6 +154,8 @@ def rollout_view(view: Capture, head_fusion: str = "mean", start_layer: int = 0,
         token: the token whose row to single out: a token as shown (first occurrence),
             ``WORD:N`` or a position (see :func:`~attnviz.analysis.tokens.find_token`).
             Default: the last token of a causal model, else position 0 ([CLS]).
+        combine: see :func:`rollout` (attention flow passes its own).
+        method: ``rollout`` or ``flow``: the name in the titles and the summary.
 
     Raises:
         UsageError: a layer is missing (see :func:`rollout`), or no such token.
@@ -154,17 +163,18 @@ def rollout_view(view: Capture, head_fusion: str = "mean", start_layer: int = 0,
     from attnviz.analysis.tokens import find_token, view_notes
     from attnviz.selection import resolve_index
 
-    matrix = rollout(view, head_fusion, start_layer)
+    matrix = rollout(view, head_fusion, start_layer, combine)
     tokens = view.display_tokens
     index = find_token(tokens, token) if token is not None else (
         view.num_tokens - 1 if view.causal else 0)
     first = resolve_index(start_layer, view.num_layers, "layer")
     span = f"layers {first}-{max(view.layers)}" if first < max(view.layers) else f"layer {first}"
     notes = view_notes(view)
-    title = (f"{view.model_label}: attention rollout, {span}, heads fused by {head_fusion}"
+    title = (f"{view.model_label}: attention {method}, {span}, heads fused by {head_fusion}"
              + (f" ({', '.join(notes)})" if notes else ""))
-    bar_title = f"{view.model_label}: rollout of {tokens[index]!r} (position {index}), {span}"
-    return RolloutResult(matrix, tokens, index, span, title, bar_title)
+    bar_title = f"{view.model_label}: {method} of {tokens[index]!r} (position {index}), {span}"
+    name = "Attention flow" if method == "flow" else "Rolled-out attention"
+    return RolloutResult(matrix, tokens, index, span, title, bar_title, name)
 
 
 def save_matrix(path: Path, matrix: np.ndarray) -> Path:
