@@ -24,6 +24,7 @@ from attnviz.capture_build import (  # noqa: F401  (guess_word_ids re-exported)
     attention_fields,
     clean_token,
     guess_word_ids,
+    measure_label,
     model_label,
 )
 from attnviz.capture_format import (  # noqa: F401  (re-exported)
@@ -180,6 +181,17 @@ class Capture:
                 else f"mean of heads {format_indices(self.heads)}")
 
     @property
+    def measure(self) -> str:
+        """What :attr:`weights` hold: ``weights`` (attention itself) or a measure such as
+        ``norm`` (``meta["measure"]``, written by the source that computed it)."""
+        return str(self.meta.get("measure") or "weights")
+
+    @property
+    def measure_label(self) -> str:
+        """How titles name the measure (``norm ||αf(x)||``); ``""`` for attention weights."""
+        return measure_label(self.measure)
+
+    @property
     def model_label(self) -> str:
         """The model's name for titles: a local folder's name, not its path
         (:func:`~attnviz.capture_build.model_label`); :attr:`model` keeps the path."""
@@ -219,8 +231,8 @@ class Capture:
                         layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
                         num_layers: int | None = None, num_heads: int | None = None,
                         model: str = "model", text: str | None = None, pair: str | None = None,
-                        causal: bool | None = None, meta: dict[str, Any] | None = None
-                        ) -> Capture:
+                        causal: bool | None = None, meta: dict[str, Any] | None = None,
+                        measure: str = "weights") -> Capture:
         """A capture from attention weights you already have, e.g. ``outputs.attentions``.
 
         Args:
@@ -251,6 +263,8 @@ class Capture:
             causal: whether queries only see earlier keys (default: every weight above the
                 diagonal is exactly 0).
             meta: anything else to keep.
+            measure: only ``"weights"``: the other measures (``norm``, ``alti``...) are
+                computed from the model's internals, which attention weights alone do not hold.
 
         Returns:
             The capture, float32 weights ``[layer, head, query, key]`` of the real tokens.
@@ -263,8 +277,13 @@ class Capture:
                 type, or weights that are not attention: NaN or infinity, negative values,
                 key columns of zeros without a mask in a capture that is not causal,
                 rows that do not sum to 1 (0 for a row with every key masked), weight above the
-                diagonal of a capture said to be ``causal``.
+                diagonal of a capture said to be ``causal``; a ``measure`` other than weights.
         """
+        if measure != "weights":
+            raise UsageError(f"Capture.from_attentions builds attention weights, not the measure "
+                             f"{measure!r:.40}",
+                             "capture the measure from the model: attnviz.capture(model, "
+                             f"tokenizer, text, measure={measure!r:.40})")
         return cls(**attention_fields(
             attentions, tokens, batch_index=batch_index, attention_mask=attention_mask,
             tokenizer=tokenizer, special=special, word_ids=word_ids, layers=layers, heads=heads,
