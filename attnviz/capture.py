@@ -192,6 +192,13 @@ class Capture:
         return measure_label(self.measure)
 
     @property
+    def title_start(self) -> str:
+        """The start of every title: ``minilm: `` or, for a measure, ``minilm: norm
+        ||\u03b1f(x)||, `` (then ``layer 2, head 3``)."""
+        measure = self.measure_label
+        return f"{self.model_label}: " + (f"{measure}, " if measure else "")
+
+    @property
     def model_label(self) -> str:
         """The model's name for titles: a local folder's name, not its path
         (:func:`~attnviz.capture_build.model_label`); :attr:`model` keeps the path."""

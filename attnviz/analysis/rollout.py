@@ -13,6 +13,11 @@ Row ``i`` of the result says how much of token ``i``'s representation at the top
 traced back to each input token. Every ``A_l`` is row-stochastic, so the rows of ``R`` sum to 1.
 In a causal model the matrices are lower triangular and the product piles weight on the first
 tokens, which every later token can see: rollout favours early tokens there.
+
+A capture of another measure (``norm``, ``alti``...; ``capture.measure``) is rolled out the same
+way from its per-layer matrices, after each layer's fused rows are scaled to sum to 1 (a
+measure's rows are amounts, not distributions; for a measure whose rows already sum to 1 this
+changes nothing). Titles say so.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Literal
 
 import numpy as np
 
+from attnviz.analysis.stats import row_normalised
 from attnviz.capture import Capture
 from attnviz.errors import UsageError
 
@@ -52,19 +58,22 @@ def residual_matrix(fused: np.ndarray) -> np.ndarray:
     return mixed / mixed.sum(axis=-1, keepdims=True)  # > 0: the diagonal is at least 0.5
 
 
-def rollout_weights(weights: np.ndarray, head_fusion: str = "mean") -> np.ndarray:
+def rollout_weights(weights: np.ndarray, head_fusion: str = "mean", *,
+                    normalise: bool = False) -> np.ndarray:
     """Rollout of a stack of consecutive layers.
 
     Args:
         weights: ``[layer, head, query, key]`` attention of consecutive layers, lowest first.
         head_fusion: ``mean``, ``max`` or ``min`` over the heads.
+        normalise: scale each layer's fused rows to sum to 1 first (a measure's matrices).
 
     Returns:
         ``[query, key]`` float64 matrix whose rows sum to 1.
     """
     if weights.ndim != 4 or weights.shape[0] == 0:
         raise ValueError("rollout needs weights [layer, head, query, key] with at least one layer")
-    per_layer = residual_matrix(fuse_heads(weights, head_fusion))  # [layer, query, key]
+    fused = fuse_heads(weights, head_fusion)  # [layer, query, key]
+    per_layer = residual_matrix(row_normalised(fused) if normalise else fused)
     result = per_layer[0]
     for matrix in per_layer[1:]:
         result = matrix @ result
@@ -104,7 +113,8 @@ def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0) -
             f"{', '.join(str(m) for m in missing)}",
             "capture all layers (drop --layers from dump), or raise --start-layer")
     positions = [capture.layers.index(layer) for layer in needed]
-    return rollout_weights(np.asarray(capture.weights[positions], dtype=np.float64), head_fusion)
+    return rollout_weights(np.asarray(capture.weights[positions], dtype=np.float64), head_fusion,
+                           normalise=capture.measure != "weights")
 
 
 @dataclass
@@ -161,9 +171,11 @@ def rollout_view(view: Capture, head_fusion: str = "mean", start_layer: int = 0,
     first = resolve_index(start_layer, view.num_layers, "layer")
     span = f"layers {first}-{max(view.layers)}" if first < max(view.layers) else f"layer {first}"
     notes = view_notes(view)
-    title = (f"{view.model_label}: attention rollout, {span}, heads fused by {head_fusion}"
+    if view.measure != "weights":
+        notes.append(f"each layer's {view.measure} rows scaled to sum to 1")
+    title = (f"{view.title_start}attention rollout, {span}, heads fused by {head_fusion}"
              + (f" ({', '.join(notes)})" if notes else ""))
-    bar_title = f"{view.model_label}: rollout of {tokens[index]!r} (position {index}), {span}"
+    bar_title = f"{view.title_start}rollout of {tokens[index]!r} (position {index}), {span}"
     return RolloutResult(matrix, tokens, index, span, title, bar_title)
 
 
