@@ -34,11 +34,80 @@ def check_measure(name: str) -> str:
     return canonical
 
 
+_CONVENTIONS: dict[str, dict[str, Any]] = {
+    "norm": {
+        "label": "norm ||αf(x)||",
+        "reference": "Kobayashi et al. 2020, Attention is Not Only a Weight (EMNLP)",
+        "formula": "||alpha^h_ij (x_j W_V^h + b_V^h) W_O^h||",
+        "per_head": True,
+        "rows": "not normalised",
+        "biases": "value bias included; output bias left out (added once, to no token)",
+    },
+    "norm-res-ln": {
+        "label": "norm ||LN(Σαf(x) + x)||",
+        "reference": "Kobayashi et al. 2021, Incorporating Residual and Normalization Layers "
+                     "into Analysis of Masked Language Models (EMNLP)",
+        "formula": "||gamma * (z_ij - mean(z_ij)) / sqrt(var(LN input_i) + eps)||, "
+                   "z_ij = sum_h alpha^h_ij f_h(x_j) + [i == j] x_i",
+        "per_head": False,
+        "rows": "not normalised",
+        "biases": "output bias and LayerNorm bias left out; value bias included",
+    },
+    "alti": {
+        "label": "ALTI contributions",
+        "reference": "Ferrando et al. 2022, Measuring the Mixing of Contextual Information in "
+                     "the Transformer (EMNLP)",
+        "formula": "max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1), rows normalised",
+        "per_head": False,
+        "rows": "sum to 1",
+        "biases": "y_i includes every bias; T_i(x_j) none but the value bias",
+    },
+    "value-zeroing": {
+        "label": "value zeroing",
+        "reference": "Mohebbi et al. 2023, Quantifying Context Mixing in Transformers (EACL)",
+        "formula": "cosine distance between layer output i with and without token j's value, "
+                   "rows normalised",
+        "per_head": False,
+        "rows": "sum to 1",
+        "biases": "the whole value vector (with its bias) is zeroed",
+    },
+}
+
+
 def conventions(name: str) -> dict[str, Any]:
-    """What a capture's sidecar records about its measure (name, reference, conventions)."""
-    return {"name": check_measure(name)}
+    """What a capture's sidecar records about its measure (name, reference, conventions).
+
+    ``weights`` records only its name. ``per_head`` is ``False`` for the measures defined per
+    layer: their one ``[query, key]`` matrix is repeated for every head. Every measure is
+    computed in float64 and stored as float32.
+    """
+    canonical = check_measure(name)
+    if canonical == "weights":
+        return {"name": canonical}
+    return {"name": canonical, **_CONVENTIONS[canonical], "computed_in": "float64",
+            "see": "docs/analysis.md"}
 
 
 def compute(name: str, model: Any, inputs: dict[str, Any], config: Any) -> list[Any]:
-    """One float32 tensor per layer, [batch, head, query, key], of measure ``name``."""
-    raise NotImplementedError(f"measure {check_measure(name)!r} is not implemented yet")
+    """One float32 tensor per layer, ``[batch, head, query, key]``, of measure ``name``.
+
+    Args:
+        name: a measure (see :data:`MEASURES`).
+        model: a Hugging Face model loaded with eager attention (``bert``, ``gpt2`` or
+            ``llama``; :func:`attnviz.measures._collect.supported_text` lists what works).
+        inputs: the model's keyword arguments (``input_ids``, ``attention_mask``, ...).
+        config: the model's configuration (its ``model_type`` picks the architecture).
+
+    Raises:
+        UsageError: unknown measure, or a measure not defined for the model type.
+    """
+    canonical = check_measure(name)
+    if canonical == "weights":
+        from attnviz.measures._collect import eager_weights
+
+        return eager_weights(model, inputs)
+    if canonical == "norm":
+        from attnviz.measures.norm import norm_layers
+
+        return norm_layers(model, inputs, config)
+    raise NotImplementedError(f"measure {canonical!r} is not implemented yet")

@@ -1,0 +1,318 @@
+"""One hooked forward pass that collects what every measure needs, layer by layer.
+
+Each supported architecture has an adapter that knows where a layer keeps its value and output
+projections and its LayerNorm. The pass records, per layer:
+
+* the layer's input (the residual stream that the attention block adds back);
+* the attention's input (the same tensor in a post-LN model such as BERT; the pre-norm output
+  ``LN(x)`` or ``RMSNorm(x)`` in GPT-2 and Llama);
+* the attention probabilities from the eager attention module, ``[batch, head, query, key]``;
+* the layer's own arguments and output (value zeroing reruns the layer with them).
+
+Value vectors are recomputed from the attention input and the layer's parameters in float64,
+so every measure is computed in float64 and returned as float32.
+
+Supported model types: ``bert`` (post-LN), ``gpt2`` (pre-LN, ``Conv1D`` projections) and
+``llama`` (pre-RMSNorm, grouped-query attention, rotary positions, no biases).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from attnviz.errors import ModelLoadError, UsageError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+#: The measures each model type supports (``weights`` works for every model).
+POST_LN_MEASURES: tuple[str, ...] = ("weights", "norm", "norm-res-ln", "alti", "value-zeroing")
+PRE_LN_MEASURES: tuple[str, ...] = ("weights", "norm", "alti", "value-zeroing")
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """Where one architecture keeps what the measures need.
+
+    Attributes:
+        model_type: the ``config.model_type`` it serves.
+        post_ln: ``True`` when LayerNorm follows the residual sum (BERT), ``False`` when a norm
+            precedes the attention and the residual stream is left unnormalised (GPT-2, Llama).
+        stack: the attribute path of the ``nn.ModuleList`` of layers in the base model.
+        attention: the attribute path, inside a layer, of the module that computes the softmax
+            and returns ``(output, weights)``.
+        value: the attribute path of the module whose output holds the value vectors.
+        value_slice: which third of that output is the value (GPT-2 fuses q, k and v).
+        out_proj: the attribute path of the output projection.
+        conv1d: projections store ``[in, out]`` weights (GPT-2's ``Conv1D``), not ``[out, in]``.
+        layer_norm: the attribute path of the LayerNorm after the residual sum (post-LN only).
+    """
+
+    model_type: str
+    post_ln: bool
+    stack: str
+    attention: str
+    value: str
+    out_proj: str
+    value_slice: tuple[int, int] = (0, 1)  # (index, parts): part ``index`` of ``parts``
+    conv1d: bool = False
+    layer_norm: str | None = None
+
+    @property
+    def measures(self) -> tuple[str, ...]:
+        return POST_LN_MEASURES if self.post_ln else PRE_LN_MEASURES
+
+
+ADAPTERS: dict[str, Adapter] = {
+    "bert": Adapter("bert", post_ln=True, stack="encoder.layer", attention="attention.self",
+                    value="attention.self.value", out_proj="attention.output.dense",
+                    layer_norm="attention.output.LayerNorm"),
+    "gpt2": Adapter("gpt2", post_ln=False, stack="h", attention="attn", value="attn.c_attn",
+                    value_slice=(2, 3), out_proj="attn.c_proj", conv1d=True),
+    "llama": Adapter("llama", post_ln=False, stack="layers", attention="self_attn",
+                     value="self_attn.v_proj", out_proj="self_attn.o_proj"),
+}
+
+
+def supported_text() -> str:
+    """``bert (norm, ...); gpt2 (...); ...``: every model type and the measures it supports."""
+    return "; ".join(f"{name} ({', '.join(a.measures)})" for name, a in ADAPTERS.items())
+
+
+def adapter_for(config: Any, measure: str) -> Adapter:
+    """The adapter of a model's type, or a UsageError naming the types and measures that work."""
+    model_type = str(getattr(config, "model_type", "unknown"))
+    adapter = ADAPTERS.get(model_type)
+    if adapter is None:
+        raise UsageError(
+            f"measure {measure!r} is not defined for model type {model_type!r}: attnviz "
+            f"computes measures for {supported_text()}",
+            "use --measure weights (raw attention works for every model), or one of the "
+            "model types above")
+    if measure not in adapter.measures:
+        raise UsageError(
+            f"measure {measure!r} is not defined for model type {model_type!r} (a pre-LN model: "
+            "its LayerNorm comes before the attention, so there is no LayerNorm after the "
+            "residual sum to decompose)",
+            f"measures that work for {model_type}: {', '.join(adapter.measures)}")
+    return adapter
+
+
+def _path(root: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        root = getattr(root, part)
+    return root
+
+
+def layers_of(model: nn.Module, adapter: Adapter) -> list[nn.Module]:
+    """The model's layers, lowest first (the base model of a model with a head is found)."""
+    candidates = [model]
+    prefix = getattr(model, "base_model_prefix", "")
+    if prefix and hasattr(model, prefix):
+        candidates.insert(0, getattr(model, prefix))
+    for candidate in candidates:
+        with contextlib.suppress(AttributeError):
+            return list(_path(candidate, adapter.stack))
+    raise ModelLoadError(
+        f"cannot find the layers of this {adapter.model_type} model (looked for "
+        f"'{adapter.stack}')", "load the model with transformers' AutoModel classes")
+
+
+@dataclass
+class LayerParts:
+    """The float64 parameters of one layer that the measures read.
+
+    Attributes:
+        w_value: ``[kv_head, model, head_dim]``: ``v = x @ w_value[g] + b_value[g]``.
+        b_value: ``[kv_head, head_dim]`` or ``None``.
+        w_out: ``[head, head_dim, model]``: head ``h``'s rows of the output projection.
+        b_out: ``[model]`` or ``None`` (added once after the heads are summed).
+        ln_weight, ln_bias, ln_eps: the LayerNorm after the residual sum (post-LN only).
+    """
+
+    w_value: torch.Tensor
+    b_value: torch.Tensor | None
+    w_out: torch.Tensor
+    b_out: torch.Tensor | None
+    ln_weight: torch.Tensor | None = None
+    ln_bias: torch.Tensor | None = None
+    ln_eps: float = 0.0
+
+
+def layer_parts(layer: nn.Module, adapter: Adapter, num_heads: int) -> LayerParts:
+    """Read one layer's value and output projections (and LayerNorm) in float64."""
+    import torch
+
+    value = _path(layer, adapter.value)
+    out = _path(layer, adapter.out_proj)
+    w_v = value.weight.detach().to(torch.float64)
+    w_v = w_v if adapter.conv1d else w_v.T  # [in, out]
+    b_v = None if value.bias is None else value.bias.detach().to(torch.float64)
+    index, parts = adapter.value_slice
+    width = w_v.shape[1] // parts
+    w_v = w_v[:, index * width:(index + 1) * width]
+    b_v = None if b_v is None else b_v[index * width:(index + 1) * width]
+    w_o = out.weight.detach().to(torch.float64)
+    w_o = w_o if adapter.conv1d else w_o.T  # [in (head * head_dim), model]
+    head_dim = w_o.shape[0] // num_heads
+    kv_heads = width // head_dim
+    parts_ = LayerParts(
+        w_value=w_v.reshape(w_v.shape[0], kv_heads, head_dim).permute(1, 0, 2),
+        b_value=None if b_v is None else b_v.reshape(kv_heads, head_dim),
+        w_out=w_o.reshape(num_heads, head_dim, w_o.shape[1]),
+        b_out=None if out.bias is None else out.bias.detach().to(torch.float64))
+    if adapter.layer_norm is not None:
+        norm = _path(layer, adapter.layer_norm)
+        parts_.ln_weight = norm.weight.detach().to(torch.float64)
+        parts_.ln_bias = None if norm.bias is None else norm.bias.detach().to(torch.float64)
+        parts_.ln_eps = float(norm.eps)
+    return parts_
+
+
+@dataclass
+class LayerRecord:
+    """What one layer saw during the hooked pass (tensors in the model's dtype and device).
+
+    Attributes:
+        residual: ``[batch, token, model]``: the layer's input.
+        attn_input: ``[batch, token, model]``: what the value projection reads.
+        probs: ``[batch, head, query, key]``: the attention probabilities.
+        args, kwargs: the layer's own call arguments (for a rerun).
+        output: ``[batch, token, model]``: the layer's output.
+    """
+
+    residual: torch.Tensor | None = None
+    attn_input: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    output: torch.Tensor | None = None
+
+
+def _hidden_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[0] if args else kwargs.get("hidden_states")
+
+
+def _tensor_of(output: Any) -> Any:
+    return output[0] if isinstance(output, tuple) else output
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """Dropout off for the pass (a model in training mode would give random measures)."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
+
+
+def collect(model: nn.Module, inputs: dict[str, Any], adapter: Adapter,
+            keep_layer_calls: bool = False) -> list[LayerRecord]:
+    """Run the model once with hooks on every layer; one :class:`LayerRecord` per layer.
+
+    Args:
+        model: a Hugging Face model of ``adapter.model_type`` loaded with eager attention.
+        inputs: the model's keyword arguments (``input_ids``, ``attention_mask``, ...).
+        adapter: the architecture's adapter.
+        keep_layer_calls: also keep each layer's call arguments and output (value zeroing).
+
+    Raises:
+        ModelLoadError: the attention modules return no weights (a fused kernel).
+    """
+    import torch
+
+    layers = layers_of(model, adapter)
+    records = [LayerRecord() for _ in layers]
+    handles: list[Any] = []
+
+    def on_layer_input(record: LayerRecord) -> Callable[..., None]:
+        def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            record.residual = _hidden_of(args, kwargs)
+            if keep_layer_calls:
+                record.args, record.kwargs = tuple(args), dict(kwargs)
+        return hook
+
+    def on_layer_output(record: LayerRecord) -> Callable[..., None]:
+        def hook(_module: nn.Module, _args: Any, _kwargs: Any, output: Any) -> None:
+            record.output = _tensor_of(output)
+        return hook
+
+    def on_attention(record: LayerRecord) -> Callable[..., None]:
+        def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 output: Any) -> None:
+            record.attn_input = _hidden_of(args, kwargs)
+            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            record.probs = weights if isinstance(weights, torch.Tensor) else None
+        return hook
+
+    try:
+        for layer, record in zip(layers, records):
+            handles.append(layer.register_forward_pre_hook(on_layer_input(record),
+                                                           with_kwargs=True))
+            if keep_layer_calls:
+                handles.append(layer.register_forward_hook(on_layer_output(record),
+                                                           with_kwargs=True))
+            handles.append(_path(layer, adapter.attention).register_forward_hook(
+                on_attention(record), with_kwargs=True))
+        with torch.inference_mode(), _eval_mode(model):
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for index, record in enumerate(records):
+        if record.probs is None or record.attn_input is None or record.residual is None:
+            raise ModelLoadError(
+                f"layer {index} of this {adapter.model_type} model returned no attention "
+                "weights (a fused attention kernel)",
+                "load the model with attn_implementation=\"eager\"")
+    return records
+
+
+def values_of(record: LayerRecord, parts: LayerParts, num_heads: int) -> torch.Tensor:
+    """``[batch, head, token, head_dim]`` float64 value vectors, one per query head.
+
+    Grouped-query attention: query head ``h`` reads key/value head ``h // (heads / kv_heads)``.
+    """
+    import torch
+
+    assert record.attn_input is not None
+    x = record.attn_input.to(torch.float64)  # [B, T, D]
+    values = torch.einsum("btd,gde->bgte", x, parts.w_value)  # [B, kv, T, dh]
+    if parts.b_value is not None:
+        values = values + parts.b_value[None, :, None, :]
+    groups = num_heads // values.shape[1]
+    return values.repeat_interleave(groups, dim=1)  # [B, H, T, dh]
+
+
+def transformed(record: LayerRecord, parts: LayerParts, num_heads: int) -> torch.Tensor:
+    """``f_h(x_j) = v_j^h W_O^h``, ``[batch, head, token, model]`` float64 (no output bias)."""
+    import torch
+
+    return torch.einsum("bhte,hed->bhtd", values_of(record, parts, num_heads), parts.w_out)
+
+
+def probs64(record: LayerRecord) -> torch.Tensor:
+    """The attention probabilities ``[batch, head, query, key]`` in float64."""
+    import torch
+
+    assert record.probs is not None
+    return record.probs.to(torch.float64)
+
+
+def eager_weights(model: nn.Module, inputs: dict[str, Any]) -> list[torch.Tensor]:
+    """The raw attention of every layer (``output_attentions``), float32, for any model."""
+    import torch
+
+    with torch.inference_mode(), _eval_mode(model):
+        outputs = model(**inputs, output_attentions=True)
+    attentions = getattr(outputs, "attentions", None)
+    if not attentions or any(a is None for a in attentions):
+        raise ModelLoadError("the model returned no attention weights (a fused kernel)",
+                             "load the model with attn_implementation=\"eager\"")
+    return [a.to(torch.float32) for a in attentions]
