@@ -188,8 +188,22 @@ class Capture:
 
     @property
     def measure_label(self) -> str:
-        """How titles name the measure (``norm ||αf(x)||``); ``""`` for attention weights."""
-        return measure_label(self.measure)
+        """How titles name the measure (``norm ||αf(x)||``, from its conventions in the
+        sidecar); ``""`` for attention weights."""
+        if self.measure == "weights":
+            return ""
+        conventions = self.meta.get("measure_conventions")
+        label = conventions.get("label") if isinstance(conventions, dict) else None
+        return str(label) if isinstance(label, str) and label else measure_label(self.measure)
+
+    @property
+    def rows_sum_to_one(self) -> bool:
+        """Whether each query row is a distribution (attention, or a measure whose
+        conventions say its rows sum to 1); ``norm`` rows are amounts."""
+        if self.measure == "weights":
+            return True
+        conventions = self.meta.get("measure_conventions")
+        return isinstance(conventions, dict) and conventions.get("rows") == "sum to 1"
 
     @property
     def title_start(self) -> str:

@@ -44,9 +44,9 @@ def clean_token(token: str) -> str:
 MEASURE_LABELS: dict[str, str] = {
     "weights": "",
     "norm": "norm ||\u03b1f(x)||",
-    "norm-res-ln": "norm-res-ln ||\u03b1f(x) + x||, LN",
-    "alti": "alti (per-layer contributions)",
-    "value-zeroing": "value-zeroing",
+    "norm-res-ln": "norm ||LN(\u03a3\u03b1f(x) + x)||",
+    "alti": "ALTI contributions",
+    "value-zeroing": "value zeroing",
 }
 
 

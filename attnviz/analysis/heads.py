@@ -174,7 +174,7 @@ def head_report(sums: StatSums, view: Capture, induction: np.ndarray | None = No
     layer_rows: list[dict[str, Any]] = layer_table(rows)
     notes = view_notes(view)
     measure = view.measure_label
-    if sums.measure != "weights":
+    if sums.measure != "weights" and not view.rows_sum_to_one:
         notes.append(f"{sums.measure} rows scaled to sum to 1 before the statistics")
     title = (f"{model_label(sums.model)}: " + (f"{measure}, " if measure else "")
              + f"{sums.texts} text{'s' if sums.texts != 1 else ''}, "

@@ -114,7 +114,7 @@ def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0) -
             "capture all layers (drop --layers from dump), or raise --start-layer")
     positions = [capture.layers.index(layer) for layer in needed]
     return rollout_weights(np.asarray(capture.weights[positions], dtype=np.float64), head_fusion,
-                           normalise=capture.measure != "weights")
+                           normalise=not capture.rows_sum_to_one)
 
 
 @dataclass
@@ -171,7 +171,7 @@ def rollout_view(view: Capture, head_fusion: str = "mean", start_layer: int = 0,
     first = resolve_index(start_layer, view.num_layers, "layer")
     span = f"layers {first}-{max(view.layers)}" if first < max(view.layers) else f"layer {first}"
     notes = view_notes(view)
-    if view.measure != "weights":
+    if not view.rows_sum_to_one:
         notes.append(f"each layer's {view.measure} rows scaled to sum to 1")
     title = (f"{view.title_start}attention rollout, {span}, heads fused by {head_fusion}"
              + (f" ({', '.join(notes)})" if notes else ""))

@@ -169,8 +169,8 @@ def stat_sums(capture: Capture) -> StatSums:
 
     Args:
         capture: weights ``[layer, head, query, key]``; rows should sum to 1 (or 0). The
-            rows of a measure (``capture.measure`` other than ``weights``, e.g. ``norm``) are
-            scaled to sum to 1 first, so its statistics read as those of attention.
+            rows of a measure whose rows are amounts (``norm``: ``capture.rows_sum_to_one``
+            is false) are scaled to sum to 1 first, so its statistics read as those of attention.
 
     Returns:
         The sums and row counts; :meth:`StatSums.means` gives the statistics.
@@ -184,7 +184,7 @@ def stat_sums(capture: Capture) -> StatSums:
     counts = {k: np.zeros((L, H)) for k in STAT_KEYS}
     for position in range(L):  # one layer at a time keeps float64 copies small
         block = np.asarray(capture.weights[position], dtype=np.float64)
-        if capture.measure != "weights":
+        if not capture.rows_sum_to_one:
             block = row_normalised(block)
         layer_sums, layer_counts = _block_sums(block, causal=capture.causal, sep_mask=sep_mask,
                                                punct_mask=punct_mask)
