@@ -349,7 +349,8 @@ def export(
                             words=words, exclude_special=exclude_special, annot=annot,
                             top_k=top_k, figures=kinds, jobs=jobs, force=force,
                             batch_size=batch_size, html=html, scale=scale.value, gamma=gamma,
-                            vmax=parse_vmax(vmax), tokens=tokens, queries=queries, keys=keys)
+                            vmax=parse_vmax(vmax), tokens=tokens, queries=queries, keys=keys,
+                            measure=options.measure or "weights")
     plan.check()
     request = options.model_request(layers=_all_is_none(layers), heads=_all_is_none(heads))
     if text_list or input_file is not None:  # texts run the model: check it first, from its
