@@ -136,6 +136,8 @@ def heatmap(
       attnviz heatmap --from long/ --layer 2 --head 3 --tokens 2:8 --vmax 1
 
       attnviz heatmap --from cat/ --layer 0
+
+      attnviz heatmap "The cat sat on the mat" --layer 2 --head 3 --measure norm
     """
     head_choice = _parse_head(head)
     if head_choice is not None and layer is None:
@@ -255,6 +257,8 @@ def top_k_command(
       attnviz top-k "The cat sat on the mat" --layer 5 --head 3
 
       attnviz top-k "The cat sat on the mat" -l 0 --head mean -k 2 --format csv
+
+      attnviz top-k "The cat sat on the mat" -l 2 --head 3 --measure norm
     """
     from attnviz.selection import resolve_index
 
@@ -322,6 +326,8 @@ def dump(
       attnviz dump "The cat sat on the mat" -o cat/
 
       attnviz dump "The cat sat on the mat" --layers 0,2-4 --heads 0-5 --float16 -o cat.npy
+
+      attnviz dump "The cat sat on the mat" --measure norm -o cat-norm/
 
       python -c "import numpy; print(numpy.load('cat/attention.npy').shape)"
 

@@ -320,6 +320,8 @@ def export(
 
       attnviz export --from cat/ --format svg -o figs/
 
+      attnviz export "The cat sat on the mat" --measure norm -o figs-norm/
+
       attnviz export --input texts.txt --batch-size 16 --html -o figs/
 
       attnviz export --input texts.txt --engine ray --workers 4 -o /shared/figs/

@@ -51,10 +51,14 @@ ROLLOUT_HELP = "\n\n".join([
     "Writes the heatmap, the matrix (.npy, float32) and a bar chart of one token's row "
     "(--token), prints their paths and then that row's five largest entries. In a causal "
     "model rollout favours early tokens.",
+    "--measure combines that measure's per-layer matrices the same way; the rows of norm and "
+    "norm-res-ln are amounts, so each layer's fused rows are first scaled to sum to 1 (the "
+    "command says so); alti and value-zeroing rows already sum to 1.",
     "Examples:",
     "  attnviz rollout \"The cat sat on the mat\" --token cat",
     "  attnviz rollout \"The cat sat\" --head-fusion max --start-layer 2 -o roll.png",
     "  attnviz rollout --from cat/ --npy rollout.npy",
+    "  attnviz rollout \"The cat sat on the mat\" --measure norm",
 ])
 
 
@@ -81,7 +85,8 @@ def _default_path(capture: Capture) -> Path:
     slug = slugify(capture.text, 30)
     digest = short_hash(capture.text, capture.pair or "", capture.model, str(capture.causal),
                         length=6)
-    return Path(f"attention_{slug}_{digest}_rollout.png")
+    measure = "" if capture.measure == "weights" else f"_{capture.measure}"
+    return Path(f"attention_{slug}_{digest}_rollout{measure}.png")
 
 
 @app.command("rollout", help=ROLLOUT_HELP)
@@ -141,6 +146,9 @@ def rollout_command(
     bar_path = bar or out_path.with_name(
         f"{out_path.stem}_bar_{_token_slug(result.tokens, result.index)}{out_path.suffix}")
     check_distinct_outputs(out=out_path, npy=npy_path, bar=bar_path)
+    if not view.rows_sum_to_one:
+        warn(f"{view.measure} rows are amounts, not distributions: each layer's fused rows "
+             "were scaled to sum to 1 before the rollout (0.5 A + 0.5 I, then the product)")
     if view.causal:
         warn("rollout on a causal model favours early tokens: every later token sees them, so "
              "the product of lower-triangular matrices piles weight on the first positions. "
