@@ -663,7 +663,7 @@ def _measure_option(measure: str) -> dict[str, str]:
     know no measures keep working)."""
     from attnviz.measures import check_measure
 
-    name = check_measure(measure)
+    name = check_measure(measure or "weights")
     return {} if name == "weights" else {"measure": name}
 
 
