@@ -179,7 +179,11 @@ def test_norm_heads_sum_to_the_layer_output(bert_case: Case) -> None:
         total += case.attn[layer][h] @ ((x @ wv + bv) @ wo)
     captured: dict[str, torch.Tensor] = {}
     dense = case.model.encoder.layer[layer].attention.output.dense
-    handle = dense.register_forward_hook(lambda _m, _i, out: captured.setdefault("out", out))
+
+    def keep(_module: Any, _args: Any, out: torch.Tensor) -> None:
+        captured["out"] = out
+
+    handle = dense.register_forward_hook(keep)
     try:
         with torch.no_grad():
             case.model(**case.inputs)
@@ -223,3 +227,168 @@ def test_conventions_are_json_and_name_the_reference() -> None:
         assert json.loads(json.dumps(record)) == record
     assert measures.conventions("weights") == {"name": "weights"}
     assert "Kobayashi" in measures.conventions("norm")["reference"]
+
+
+# ------------------------------------------------------------------------ alti, norm-res-ln
+def _block_output(case: Case, layer: int) -> np.ndarray:
+    """The attention block's real output, read from the model by a hook: ``[T, D]``."""
+    captured: dict[str, Any] = {}
+    if case.kind == "bert":
+        module = case.model.encoder.layer[layer].attention
+    else:
+        module = case.model.h[layer].attn if case.kind == "gpt2" else case.model.layers[
+            layer].self_attn
+
+    def keep(_module: Any, _args: Any, out: Any) -> None:
+        captured["out"] = out[0]
+
+    handle = module.register_forward_hook(keep)
+    try:
+        with torch.no_grad():
+            case.model(**case.inputs)
+    finally:
+        handle.remove()
+    out = captured["out"][0].double().numpy()
+    return out if case.kind == "bert" else out + case.hidden[layer]  # pre-LN: + residual
+
+
+def _reference_vectors(case: Case, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    z = case.vectors(layer)
+    if case.kind == "bert":
+        return case.bert_ln(layer, z)
+    return z, z.sum(1) + case.out_bias(layer)
+
+
+def test_alti_equals_the_l1_formula_and_rows_sum_to_one(case: Case) -> None:
+    got = _compute(case, "alti")
+    for layer in range(case.layers):
+        vectors, y = _reference_vectors(case, layer)
+        # The decomposition adds up to what the model really computes.
+        np.testing.assert_allclose(y, _block_output(case, layer), atol=2e-4, rtol=0)
+        t = y.shape[0]
+        expected = np.zeros((t, t))
+        for i in range(t):
+            for j in range(t):
+                expected[i, j] = max(0.0, np.abs(y[i]).sum() - np.abs(y[i] - vectors[i, j]).sum())
+            expected[i] /= expected[i].sum()
+        for h in range(case.heads):  # one matrix per layer, repeated for every head
+            np.testing.assert_allclose(got[layer][h], expected, atol=TOL, rtol=0)
+        np.testing.assert_allclose(got[layer].sum(-1), 1.0, atol=1e-6)
+        if case.kind != "bert":  # causal: a token gets nothing from later tokens
+            assert np.all(np.triu(got[layer][0], 1) == 0)
+
+
+def test_norm_res_ln_is_the_length_of_the_layernormed_vectors(bert_case: Case) -> None:
+    case = bert_case
+    got = _compute(case, "norm-res-ln")
+    for layer in range(case.layers):
+        vectors, _ = _reference_vectors(case, layer)
+        expected = np.linalg.norm(vectors, axis=-1)
+        for h in range(case.heads):
+            np.testing.assert_allclose(got[layer][h], expected, atol=TOL, rtol=0)
+        # the residual makes the diagonal large: each token mostly keeps itself
+        assert np.all(np.diag(expected) > expected.mean())
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_norm_res_ln_is_not_defined_for_pre_ln_models(kind: str,
+                                                      request: pytest.FixtureRequest) -> None:
+    case = request.getfixturevalue(f"{kind}_case")
+    with pytest.raises(UsageError) as info:
+        measures.compute("norm-res-ln", case.model, case.inputs, case.config)
+    message = str(info.value)
+    assert f"model type '{kind}'" in message and "pre-LN" in message
+    assert f"measures that work for {kind}: weights, norm, alti, value-zeroing" in message
+
+
+def test_padded_batch_rows_equal_single_runs(tiny_gpt2_dir) -> None:
+    """A padded batch gives each row what that text gives alone (padding is masked)."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(tiny_gpt2_dir, attn_implementation="eager").eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    for name in ("norm", "alti"):
+        batch = measures.compute(name, model, {"input_ids": ids, "attention_mask": mask},
+                                 model.config)
+        alone = measures.compute(name, model, {"input_ids": ids[1:, :3]}, model.config)
+        for both, one in zip(batch, alone):
+            np.testing.assert_allclose(both[1, :, :3, :3].numpy(), one[0].numpy(), atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- value zeroing
+def _value_module(model: Any, kind: str, layer: int) -> tuple[Any, slice]:
+    d = model.config.hidden_size if kind != "gpt2" else model.config.n_embd
+    if kind == "bert":
+        return model.encoder.layer[layer].attention.self.value, slice(None)
+    if kind == "gpt2":
+        return model.h[layer].attn.c_attn, slice(2 * d, 3 * d)
+    return model.layers[layer].self_attn.v_proj, slice(None)
+
+
+def _layer_module(model: Any, kind: str, layer: int) -> Any:
+    return {"bert": lambda: model.encoder.layer[layer], "gpt2": lambda: model.h[layer],
+            "llama": lambda: model.layers[layer]}[kind]()
+
+
+def _layer_output(model: Any, kind: str, inputs: dict[str, Any], layer: int,
+                  zero: int | None) -> np.ndarray:
+    """Run the whole model; layer ``layer``'s output, with token ``zero``'s value zeroed."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def zero_value(_module: Any, _args: Any, out: torch.Tensor) -> torch.Tensor:
+        out = out.clone()
+        out[:, zero, part] = 0.0
+        return out
+
+    def keep(_module: Any, _args: Any, out: Any) -> None:
+        seen["out"] = out[0] if isinstance(out, tuple) else out
+
+    value, part = _value_module(model, kind, layer)
+    handles = [_layer_module(model, kind, layer).register_forward_hook(keep)]
+    if zero is not None:
+        handles.append(value.register_forward_hook(zero_value))
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen["out"][0].numpy()
+
+
+def test_value_zeroing_equals_rerunning_the_model_with_each_value_zeroed(case: Case) -> None:
+    import copy
+
+    got = _compute(case, "value-zeroing")
+    model64 = copy.deepcopy(case.model).double()
+    tokens = case.attn[0].shape[-1]
+    # MiniLM: the first, a middle and the last layer (each needs tokens + 1 whole passes).
+    chosen = [0, 2, case.layers - 1] if case.kind == "bert" else range(case.layers)
+    for layer in chosen:
+        original = _layer_output(model64, case.kind, case.inputs, layer, None)
+        expected = np.zeros((tokens, tokens))
+        for j in range(tokens):
+            changed = _layer_output(model64, case.kind, case.inputs, layer, j)
+            for i in range(tokens):
+                a, b = original[i], changed[i]
+                expected[i, j] = 1 - a @ b / (np.linalg.norm(a) * np.linalg.norm(b))
+        expected = np.clip(expected, 0, None)
+        expected /= expected.sum(-1, keepdims=True)
+        for h in range(case.heads):
+            np.testing.assert_allclose(got[layer][h], expected, atol=TOL, rtol=0)
+        np.testing.assert_allclose(got[layer].sum(-1), 1.0, atol=1e-6)
+        if case.kind != "bert":
+            assert np.all(np.triu(got[layer][0], 1) < 1e-9)
+
+
+def test_value_zeroing_batches_of_copies_do_not_change_the_result(gpt2_case: Case,
+                                                                  monkeypatch) -> None:
+    """Rerunning one zeroed copy at a time gives what the batched copies give."""
+    import attnviz.measures.value_zeroing as vz
+
+    batched = _compute(gpt2_case, "value-zeroing")
+    monkeypatch.setattr(vz, "CHUNK_BYTES", 1)  # one copy per rerun
+    single = _compute(gpt2_case, "value-zeroing")
+    for one, many in zip(single, batched):
+        np.testing.assert_allclose(one, many, atol=1e-9)

@@ -110,4 +110,14 @@ def compute(name: str, model: Any, inputs: dict[str, Any], config: Any) -> list[
         from attnviz.measures.norm import norm_layers
 
         return norm_layers(model, inputs, config)
-    raise NotImplementedError(f"measure {canonical!r} is not implemented yet")
+    if canonical == "norm-res-ln":
+        from attnviz.measures.norm_res_ln import norm_res_ln_layers
+
+        return norm_res_ln_layers(model, inputs, config)
+    if canonical == "alti":
+        from attnviz.measures.alti import alti_layers
+
+        return alti_layers(model, inputs, config)
+    from attnviz.measures.value_zeroing import value_zeroing_layers
+
+    return value_zeroing_layers(model, inputs, config)

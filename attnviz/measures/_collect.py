@@ -316,3 +316,56 @@ def eager_weights(model: nn.Module, inputs: dict[str, Any]) -> list[torch.Tensor
         raise ModelLoadError("the model returned no attention weights (a fused kernel)",
                              "load the model with attn_implementation=\"eager\"")
     return [a.to(torch.float32) for a in attentions]
+
+
+#: Bytes of float64 ``[batch, query, key, model]`` vectors held at once (queries are chunked).
+CHUNK_BYTES = 1 << 28
+
+
+def block_vectors(record: LayerRecord, parts: LayerParts, num_heads: int,
+                  post_ln: bool) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:
+    """The attention block's output of each query, split by source token, in query chunks.
+
+    ``z_ij = sum_h alpha^h_ij f_h(x_j) + [i == j] x_i`` (attention plus residual). In a post-LN
+    model the LayerNorm after the sum is linear once its scale is fixed by the real input's
+    standard deviation ``s_i``, so ``T_i(x_j) = gamma * (z_ij - mean(z_ij)) / s_i`` and the
+    block's output is ``y_i = sum_j T_i(x_j) + gamma * (b_O - mean(b_O)) / s_i + beta``. In a
+    pre-LN model the norm is inside ``f`` (it acts on each token alone), ``T_i(x_j) = z_ij`` and
+    ``y_i = sum_j z_ij + b_O``.
+
+    Yields:
+        ``(rows, T, y)``: the query slice, ``T`` ``[batch, query, key, model]`` and ``y``
+        ``[batch, query, model]``, float64.
+    """
+    import torch
+
+    assert record.residual is not None
+    fx = transformed(record, parts, num_heads)  # [B, H, key, D]
+    probs = probs64(record)  # [B, H, query, key]
+    residual = record.residual.to(torch.float64)  # [B, T, D]
+    batch, tokens, width = residual.shape
+    step = max(1, CHUNK_BYTES // max(1, batch * tokens * width * 8))
+    b_out = parts.b_out if parts.b_out is not None else torch.zeros(width, dtype=torch.float64)
+    for start in range(0, tokens, step):
+        rows = slice(start, min(tokens, start + step))
+        z = torch.einsum("bhqk,bhkd->bqkd", probs[:, :, rows], fx)  # [B, q, key, D]
+        index = torch.arange(rows.start, rows.stop)
+        z[:, index - rows.start, index] += residual[:, rows]
+        if not post_ln:
+            yield rows, z, z.sum(2) + b_out
+            continue
+        assert parts.ln_weight is not None
+        pre = z.sum(2) + b_out  # [B, q, D]: the LayerNorm's real input
+        scale = (pre.var(-1, unbiased=False) + parts.ln_eps).sqrt()  # [B, q]
+        vectors = parts.ln_weight * (z - z.mean(-1, keepdim=True)) / scale[:, :, None, None]
+        bias = parts.ln_weight * (b_out - b_out.mean()) / scale[:, :, None]
+        if parts.ln_bias is not None:
+            bias = bias + parts.ln_bias
+        yield rows, vectors, vectors.sum(2) + bias
+
+
+def per_layer(matrix: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """A layer's ``[batch, query, key]`` repeated for every head, float32 ``[b, h, q, k]``."""
+    import torch
+
+    return matrix[:, None].expand(-1, num_heads, -1, -1).to(torch.float32).contiguous()
