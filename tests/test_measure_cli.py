@@ -31,8 +31,9 @@ def reference(minilm: Any, text: str = SENTENCE, pair: str | None = None,
               measure: str = MEASURE) -> np.ndarray:
     """``[layer, head, query, key]`` float64 of ``measure``, straight from the measures."""
     enc = minilm.tokenizer(text, pair, return_tensors="pt")
-    inputs = {k: v for k, v in enc.items()
-              if k in ("input_ids", "attention_mask", "token_type_ids")}
+    kept = ("input_ids", "attention_mask") + (
+        ("token_type_ids",) if minilm.config.model_type == "bert" else ())  # GPT-2 takes none
+    inputs = {k: v for k, v in enc.items() if k in kept}
     per_layer = measures.compute(measure, minilm.model, inputs, minilm.config)
     return np.stack([layer[0].double().numpy() for layer in per_layer])
 
@@ -334,3 +335,63 @@ def test_usage_errors(invoke: Any, forbid_loading: Any, args: tuple[str, ...]) -
         toy = invoke(*args, "--model", "toy", "--measure", "norm")
         assert_clean(toy, 2, "the toy model gives attention weights only, not the measure norm")
     assert tried == []
+
+
+# --------------------------------------------------------------------------- the other measures
+@pytest.mark.parametrize("measure", ["alti", "value-zeroing", "norm-res-ln"])
+def test_other_measures_top_k_and_dump(invoke: Any, cli_minilm: Any, minilm: Any,
+                                       tmp_path: Path, measure: str) -> None:
+    expected = reference(minilm, measure=measure)
+    result = invoke("top-k", SENTENCE, "--measure", measure, "-l", "4", "--head", "5",
+                    "-k", "2", "--format", "csv")
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert list(rows[0])[-1] == measure
+    for query in range(expected.shape[2]):
+        keys = np.argsort(-expected[4, 5, query], kind="stable")[:2]
+        got = [r for r in rows if int(r["query_index"]) == query]
+        np.testing.assert_allclose(sorted(float(r[measure]) for r in got),
+                                   sorted(expected[4, 5, query, keys]), atol=TOL)
+    dumped = invoke("dump", SENTENCE, "--measure", measure, "--heads", "0,5", "-o",
+                    tmp_path / "d")
+    assert dumped.exit_code == 0, dumped.output
+    cap = load_capture(tmp_path / "d")
+    np.testing.assert_allclose(cap.weights, expected[:, [0, 5]], atol=1e-6)
+    assert cap.measure == measure and cap.meta["measure_conventions"]["name"] == measure
+
+
+def test_alti_rows_are_distributions_so_nothing_is_rescaled(invoke: Any, cli_minilm: Any,
+                                                            minilm: Any, tmp_path: Path) -> None:
+    expected = reference(minilm, measure="alti")
+    np.testing.assert_allclose(expected.sum(-1), 1.0, atol=1e-5)
+    heads = json.loads(invoke("heads", SENTENCE, "--measure", "alti", "--format",
+                              "json").stdout)
+    assert heads["measure"] == "alti" and "scaled" not in heads["title"]
+    assert heads["title"].startswith("minilm: ALTI contributions, ")
+    out = tmp_path / "roll.png"
+    rolled = invoke("rollout", SENTENCE, "--measure", "alti", "-o", out)
+    assert rolled.exit_code == 0 and "scaled" not in rolled.stderr, rolled.output
+    result = None
+    for layer in range(expected.shape[0]):
+        fused = 0.5 * expected[layer].mean(axis=0) + 0.5 * np.eye(expected.shape[-1])
+        fused /= fused.sum(-1, keepdims=True)
+        result = fused if result is None else fused @ result
+    np.testing.assert_allclose(np.load(tmp_path / "roll.npy"), result, atol=1e-5)
+
+
+def test_a_causal_model(tiny_gpt2_dir: Path, tmp_path: Path) -> None:
+    from attnviz.models.hf import HFSource
+    from attnviz.session import Session
+
+    source = HFSource(str(tiny_gpt2_dir), device="cpu")
+    cap = source.capture(SENTENCE, measure="norm")
+    expected = reference(source, measure="norm")
+    np.testing.assert_allclose(cap.weights, expected, atol=1e-6)
+    assert cap.causal
+    assert np.all(np.triu(cap.weights[0, 0], 1) == 0)
+    cap.save(tmp_path / "g")
+    assert load_capture(tmp_path / "g").measure == "norm"
+    session = Session(use_cache=False)
+    batch = list(session.captures([SENTENCE, "A dog"], model=str(tiny_gpt2_dir),
+                                  batch_size=2, measure="norm"))
+    np.testing.assert_allclose(batch[0].weights, expected, atol=1e-6)  # type: ignore[union-attr]

@@ -64,11 +64,7 @@ def fill_measure(measure: str, model: Any, inputs: dict[str, Any], config: Any,
     from attnviz.models._torch import to_numpy
 
     tokens = int(array.shape[-1])
-    try:
-        per_layer = compute(measure, model, inputs, config)
-    except NotImplementedError as error:
-        raise UsageError(f"the measure {measure} is not available in this version "
-                         f"({error})", "use --measure weights") from None
+    per_layer = compute(measure, model, inputs, config)
     if len(per_layer) <= max(layers, default=-1):
         raise ModelLoadError(f"the measure {measure} gave {len(per_layer)} layers for {name}, "
                              f"which has more", "report this: the measure does not fit "
