@@ -450,7 +450,18 @@ function attnvizMount(root, DATA, options) {
   // "model: layer 3, head 7 (notes)"; several heads are a mean in the heatmap, a set elsewhere.
   // "minilm: " or, for a measure other than attention weights, "minilm: norm ||αf(x)||, ".
   function titleStart(meta) {
-    return meta.model + ": " + (meta.measure_label ? meta.measure_label + ", " : "");
+    const label = measureLabel(meta);
+    return meta.model + ": " + (label ? label + ", " : "");
+  }
+
+  // A report's document names its measure (measure_label); a live capture keeps it in the
+  // sidecar's meta (measure, measure_conventions.label). "" for attention weights.
+  function measureLabel(meta) {
+    if (meta.measure_label) return meta.measure_label;
+    const inner = meta.meta || {};
+    if (!inner.measure || inner.measure === "weights") return "";
+    const conventions = inner.measure_conventions || {};
+    return conventions.label || inner.measure;
   }
 
   function selectionTitle(asMean) {
@@ -1104,7 +1115,7 @@ function attnvizMount(root, DATA, options) {
     const parts = [el("span", "", meta.model + " \u00b7 " + meta.tokens.length + " tokens \u00b7 " +
       meta.layers.length + " of " + meta.num_layers + " layers \u00b7 " + meta.heads.length + " of " +
       meta.num_heads + " heads" + (meta.causal ? " \u00b7 causal" : "") + " \u00b7 " +
-      current.bits + "-bit " + (meta.measure_label ? meta.measure_label : "weights") + " \u00b7 text: ")];
+      current.bits + "-bit " + (measureLabel(meta) || "weights") + " \u00b7 text: ")];
     const full = meta.pair !== null && meta.pair !== undefined ? meta.text + "  |  " + meta.pair : meta.text;
     const text = el("span", "text", full);
     if (full.length > 240) {
