@@ -358,6 +358,11 @@ def test_other_measures_top_k_and_dump(invoke: Any, cli_minilm: Any, minilm: Any
     cap = load_capture(tmp_path / "d")
     np.testing.assert_allclose(cap.weights, expected[:, [0, 5]], atol=1e-6)
     assert cap.measure == measure and cap.meta["measure_conventions"]["name"] == measure
+    # What the README says of each measure: whose rows sum to 1, which repeat per head.
+    sums_to_one = bool(np.allclose(expected.sum(-1), 1.0, atol=1e-4))
+    assert cap.rows_sum_to_one is sums_to_one
+    assert sums_to_one is (measure in ("alti", "value-zeroing"))
+    np.testing.assert_array_equal(expected[:, 0], expected[:, 5])  # defined per layer
 
 
 def test_alti_rows_are_distributions_so_nothing_is_rescaled(invoke: Any, cli_minilm: Any,
@@ -395,3 +400,29 @@ def test_a_causal_model(tiny_gpt2_dir: Path, tmp_path: Path) -> None:
     batch = list(session.captures([SENTENCE, "A dog"], model=str(tiny_gpt2_dir),
                                   batch_size=2, measure="norm"))
     np.testing.assert_allclose(batch[0].weights, expected, atol=1e-6)  # type: ignore[union-attr]
+
+
+def test_measures_refused_where_they_do_not_apply(invoke: Any, cli_minilm: Any,
+                                                  tiny_llama_dir: Path, tmp_path: Path) -> None:
+    pre_ln = invoke("top-k", SENTENCE, "--model", tiny_llama_dir, "--measure", "norm-res-ln",
+                    "-l", "0", "--head", "0")
+    assert_clean(pre_ln, 2, "measure 'norm-res-ln' is not defined for model type 'llama'")
+    assert pre_ln.stderr.count("Error:") == 1
+    corpus = tmp_path / "texts.txt"
+    corpus.write_text("The cat sat\nA dog barked\n", "utf-8")
+    ray = invoke("heads", "--input", corpus, "--engine", "ray", "--measure", "norm")
+    assert_clean(ray, 2, "--measure is not available with --engine ray yet")
+    invoke("dump", SENTENCE, "--measure", "norm", "--layers", "0", "-o", tmp_path / "a")
+    invoke("dump", "The dog sat", "--layers", "0", "-o", tmp_path / "b")
+    mixed = invoke("compare", "--from", tmp_path / "a", "--from", tmp_path / "b", "-l", "0")
+    assert_clean(mixed, 2, "A holds the measure norm and B weights")
+
+
+def test_notebook_view_names_the_measure(minilm: Any) -> None:
+    from attnviz.notebook import capture_html
+
+    cap = minilm.capture(SENTENCE, layers=[1], measure="norm")
+    shown = capture_html(cap)
+    assert f"attnviz: minilm, {NORM_LABEL}: {SENTENCE}" in shown  # the view's title
+    plain = capture_html(minilm.capture(SENTENCE, layers=[1]))
+    assert f"attnviz: minilm: {SENTENCE}" in plain and "minilm, norm" not in plain

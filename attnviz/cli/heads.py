@@ -372,6 +372,9 @@ def heads_command(
         check_cmap(cmap)
     ray = ray_options(engine, ray_address, workers, gpus_per_worker, batch_size,
                       has_input=input_file is not None)
+    if ray is not None and (options.measure or "weights") != "weights":
+        raise UsageError("--measure is not available with --engine ray yet",
+                         "use --engine local (the default) for the statistics of a measure")
     ray_induction: list[Any] | None = None  # the induction test, when a Ray worker ran it
     if input_file is not None:
         if options.text is not None or options.from_path is not None:
