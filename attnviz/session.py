@@ -593,7 +593,8 @@ class Session:
         ``texts`` is a list of strings and/or ``(text, pair)`` tuples.
 
         Cached texts come from the cache; the others run ``batch_size`` at a time (see
-        :func:`attnviz.batches.capture_batches`).
+        :func:`attnviz.batches.capture_batches`). ``measure`` as in :meth:`capture` (a measure
+        other than weights runs text by text inside each batch).
         """
         from attnviz.errors import named_for_python
 

@@ -35,3 +35,26 @@ def test_the_page_shows_the_measure_of_its_address(open_page: Any, minilm: Any) 
     assert "measure=" not in opened.page.evaluate("location.hash")
     assert not np.isnan(expected).any()
     opened.assert_clean()
+
+
+def test_hover_shows_the_measure_values_above_one(open_page: Any, minilm: Any) -> None:  # noqa: F811
+    expected = reference(minilm)
+    layer, head, query, _ = (int(i) for i in np.unravel_index(np.argmax(expected),
+                                                               expected.shape))
+    assert expected.max() > 1.5  # the values the report must not clip at 1
+    opened = open_page(_fragment(TEXT, model="minilm", measure="norm", layer=layer, heads=head,
+                                 view="head"))
+    opened.wait_for("window.attnvizLive.doc && window.attnvizLive.doc.meta.measure === 'norm'")
+    opened.page.locator(f"{VIEW} #hv-left .tok").nth(query).hover()
+    opened.wait_for("document.querySelector('.report-view:not(.pending)').shadowRoot"
+                    ".querySelector('#tooltip:not([hidden])') !== null")
+    rows = opened.page.eval_on_selector_all(
+        f"{VIEW} #tooltip tr.entry",
+        "rows => rows.map(r => [Number(r.dataset.index), r.querySelector('.w').textContent])")
+    row = expected[layer, head, query]
+    order = np.argsort(-row, kind="stable")[:len(rows)]
+    assert [index for index, _ in rows] == order.tolist()
+    step = float(expected.max()) / 65535  # q16 over the block's range
+    assert np.allclose([float(w) for _, w in rows], row[order], atol=step + 1e-4)
+    assert float(rows[0][1]) > 1.5
+    opened.assert_clean()
