@@ -241,12 +241,12 @@ def test_rollout_of_norm(invoke: Any, cli_minilm: Any, tmp_path: Path,
     out = tmp_path / "roll.png"
     result = invoke("rollout", SENTENCE, "--measure", "norm", "-o", out)
     assert result.exit_code == 0, result.output
-    assert "scaled to sum to 1 before the rollout" in " ".join(result.stderr.split())
+    assert "each head's rows were scaled to sum to 1" in " ".join(result.stderr.split())
     matrix = np.load(tmp_path / "roll.npy")
     expected = None
     for layer in range(norm_ref.shape[0]):  # lowest first
-        fused = norm_ref[layer].mean(axis=0)
-        fused = fused / fused.sum(-1, keepdims=True)
+        heads = norm_ref[layer] / norm_ref[layer].sum(-1, keepdims=True)
+        fused = heads.mean(axis=0)
         mixed = 0.5 * fused + 0.5 * np.eye(fused.shape[0])
         mixed /= mixed.sum(-1, keepdims=True)
         expected = mixed if expected is None else mixed @ expected

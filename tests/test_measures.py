@@ -308,7 +308,7 @@ def test_padded_batch_rows_equal_single_runs(tiny_gpt2_dir) -> None:
     model = AutoModel.from_pretrained(tiny_gpt2_dir, attn_implementation="eager").eval()
     ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-    for name in ("norm", "alti"):
+    for name in ("norm", "alti", "value-zeroing"):
         batch = measures.compute(name, model, {"input_ids": ids, "attention_mask": mask},
                                  model.config)
         alone = measures.compute(name, model, {"input_ids": ids[1:, :3]}, model.config)
@@ -392,3 +392,20 @@ def test_value_zeroing_batches_of_copies_do_not_change_the_result(gpt2_case: Cas
     single = _compute(gpt2_case, "value-zeroing")
     for one, many in zip(single, batched):
         np.testing.assert_allclose(one, many, atol=1e-9)
+
+
+def test_check_supported_reads_the_config_alone(gpt2_case: Case) -> None:
+    assert measures.check_supported("ALTI", gpt2_case.config) == "alti"
+    assert measures.check_supported("weights", object()) == "weights"
+    with pytest.raises(UsageError, match="measures that work for gpt2"):
+        measures.check_supported("norm-res-ln", gpt2_case.config)
+
+
+def test_small_query_chunks_give_the_same_numbers(bert_case: Case, monkeypatch) -> None:
+    import attnviz.measures._collect as collect_module
+
+    whole = {name: _compute(bert_case, name) for name in ("alti", "norm-res-ln")}
+    monkeypatch.setattr(collect_module, "CHUNK_BYTES", 1)  # one query at a time
+    for name, layers in whole.items():
+        for one, chunked in zip(layers, _compute(bert_case, name)):
+            np.testing.assert_allclose(chunked, one, atol=1e-9)

@@ -14,14 +14,15 @@ traced back to each input token. Every ``A_l`` is row-stochastic, so the rows of
 In a causal model the matrices are lower triangular and the product piles weight on the first
 tokens, which every later token can see: rollout favours early tokens there.
 
-A capture of another measure (``norm``, ``alti``...; ``capture.measure``) is rolled out the same
-way from its per-layer matrices, after each layer's fused rows are scaled to sum to 1 (a
-measure's rows are amounts, not distributions; for a measure whose rows already sum to 1 this
-changes nothing). Titles say so.
+A capture of another measure (``norm``, ``alti``...; ``capture.measure``) is rolled out (or
+flowed) the same way from its per-layer matrices. The rows of ``norm`` and ``norm-res-ln`` are
+amounts, not distributions: each head's rows are first scaled to sum to 1, and titles say so;
+``alti`` and ``value-zeroing`` rows already sum to 1 and are used as they are.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -58,29 +59,27 @@ def residual_matrix(fused: np.ndarray) -> np.ndarray:
     return mixed / mixed.sum(axis=-1, keepdims=True)  # > 0: the diagonal is at least 0.5
 
 
-def rollout_weights(weights: np.ndarray, head_fusion: str = "mean", *,
-                    normalise: bool = False) -> np.ndarray:
+def rollout_weights(weights: np.ndarray, head_fusion: str = "mean") -> np.ndarray:
     """Rollout of a stack of consecutive layers.
 
     Args:
         weights: ``[layer, head, query, key]`` attention of consecutive layers, lowest first.
         head_fusion: ``mean``, ``max`` or ``min`` over the heads.
-        normalise: scale each layer's fused rows to sum to 1 first (a measure's matrices).
 
     Returns:
         ``[query, key]`` float64 matrix whose rows sum to 1.
     """
     if weights.ndim != 4 or weights.shape[0] == 0:
         raise ValueError("rollout needs weights [layer, head, query, key] with at least one layer")
-    fused = fuse_heads(weights, head_fusion)  # [layer, query, key]
-    per_layer = residual_matrix(row_normalised(fused) if normalise else fused)
+    per_layer = residual_matrix(fuse_heads(weights, head_fusion))  # [layer, query, key]
     result = per_layer[0]
     for matrix in per_layer[1:]:
         result = matrix @ result
     return result
 
 
-def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0) -> np.ndarray:
+def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0,
+            combine: Callable[[np.ndarray, str], np.ndarray] = rollout_weights) -> np.ndarray:
     """Attention rollout of a capture from ``start_layer`` to its last layer.
 
     Args:
@@ -88,6 +87,8 @@ def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0) -
             capture's last layer must all be held (heads may be a subset: they are fused).
         head_fusion: ``mean``, ``max`` or ``min``.
         start_layer: the model layer to start from (negative counts from the end).
+        combine: how the stack of layers becomes one matrix: :func:`rollout_weights`, or
+            attention flow (:func:`attnviz.analysis.flow.flow_weights`).
 
     Returns:
         ``[query, key]`` float64 matrix; row ``i`` is token ``i``'s rolled-out attention.
@@ -113,8 +114,10 @@ def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0) -
             f"{', '.join(str(m) for m in missing)}",
             "capture all layers (drop --layers from dump), or raise --start-layer")
     positions = [capture.layers.index(layer) for layer in needed]
-    return rollout_weights(np.asarray(capture.weights[positions], dtype=np.float64), head_fusion,
-                           normalise=not capture.rows_sum_to_one)
+    weights = np.asarray(capture.weights[positions], dtype=np.float64)
+    if not capture.rows_sum_to_one:  # a measure's amounts (norm): each head's rows to sum to 1
+        weights = row_normalised(weights)
+    return combine(weights, head_fusion)
 
 
 @dataclass
@@ -136,18 +139,21 @@ class RolloutResult:
     span: str
     title: str
     bar_title: str
+    name: str = "Rolled-out attention"
 
     def summary(self, k: int = 5) -> str:
         """One line with the ``k`` keys of row ``index`` that get the most, largest first."""
         row = self.matrix[self.index]
         order = np.argsort(-row, kind="stable")[:k]
         top = ", ".join(f"{self.tokens[j]} {row[j]:.3f}" for j in order)
-        return (f"Rolled-out attention of {self.tokens[self.index]!r} (position {self.index}): "
+        return (f"{self.name} of {self.tokens[self.index]!r} (position {self.index}): "
                 f"{top}")
 
 
 def rollout_view(view: Capture, head_fusion: str = "mean", start_layer: int = 0,
-                 token: str | None = None) -> RolloutResult:
+                 token: str | None = None,
+                 combine: Callable[[np.ndarray, str], np.ndarray] = rollout_weights,
+                 method: str = "rollout") -> RolloutResult:
     """Rollout of a capture (as shown: words merged or specials dropped) and its titles.
 
     Args:
@@ -157,6 +163,8 @@ def rollout_view(view: Capture, head_fusion: str = "mean", start_layer: int = 0,
         token: the token whose row to single out: a token as shown (first occurrence),
             ``WORD:N`` or a position (see :func:`~attnviz.analysis.tokens.find_token`).
             Default: the last token of a causal model, else position 0 ([CLS]).
+        combine: see :func:`rollout` (attention flow passes its own).
+        method: ``rollout`` or ``flow``: the name in the titles and the summary.
 
     Raises:
         UsageError: a layer is missing (see :func:`rollout`), or no such token.
@@ -164,7 +172,7 @@ def rollout_view(view: Capture, head_fusion: str = "mean", start_layer: int = 0,
     from attnviz.analysis.tokens import find_token, view_notes
     from attnviz.selection import resolve_index
 
-    matrix = rollout(view, head_fusion, start_layer)
+    matrix = rollout(view, head_fusion, start_layer, combine)
     tokens = view.display_tokens
     index = find_token(tokens, token) if token is not None else (
         view.num_tokens - 1 if view.causal else 0)
@@ -172,11 +180,12 @@ def rollout_view(view: Capture, head_fusion: str = "mean", start_layer: int = 0,
     span = f"layers {first}-{max(view.layers)}" if first < max(view.layers) else f"layer {first}"
     notes = view_notes(view)
     if not view.rows_sum_to_one:
-        notes.append(f"each layer's {view.measure} rows scaled to sum to 1")
-    title = (f"{view.title_start}attention rollout, {span}, heads fused by {head_fusion}"
+        notes.append(f"each head's {view.measure} rows scaled to sum to 1")
+    title = (f"{view.title_start}attention {method}, {span}, heads fused by {head_fusion}"
              + (f" ({', '.join(notes)})" if notes else ""))
-    bar_title = f"{view.title_start}rollout of {tokens[index]!r} (position {index}), {span}"
-    return RolloutResult(matrix, tokens, index, span, title, bar_title)
+    bar_title = f"{view.title_start}{method} of {tokens[index]!r} (position {index}), {span}"
+    name = "Attention flow" if method == "flow" else "Rolled-out attention"
+    return RolloutResult(matrix, tokens, index, span, title, bar_title, name)
 
 
 def save_matrix(path: Path, matrix: np.ndarray) -> Path:

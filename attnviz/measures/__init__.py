@@ -13,6 +13,8 @@ The public contract (used by models/, the session, the CLI and the server):
 - ``MEASURES``: the names, ``weights`` first;
 - ``check_measure(name) -> str``: the canonical name, or ``UsageError`` naming the choices;
 - ``conventions(name) -> dict``: what the sidecar records about the measure;
+- ``check_supported(name, config) -> str``: the same check ``compute`` makes, from the config
+  alone (before the weights load);
 - ``compute(name, model, inputs, config) -> list[torch.Tensor]``: one float32 tensor per layer,
   ``[batch, head, query, key]``, for every layer and head of the model.
 """
@@ -88,8 +90,23 @@ def conventions(name: str) -> dict[str, Any]:
             "see": "docs/analysis.md"}
 
 
+def check_supported(name: str, config: Any) -> str:
+    """The canonical measure name if ``config``'s model type supports it, else a UsageError
+    naming the model type and the measures that work (read from ``config.json`` alone, so it can
+    run before any weights load)."""
+    canonical = check_measure(name)
+    if canonical != "weights":
+        from attnviz.measures._collect import adapter_for
+
+        adapter_for(config, canonical)
+    return canonical
+
+
 def compute(name: str, model: Any, inputs: dict[str, Any], config: Any) -> list[Any]:
     """One float32 tensor per layer, ``[batch, head, query, key]``, of measure ``name``.
+
+    The tensors are on the model's device. The measures defined per layer (``per_head`` false
+    in :func:`conventions`) repeat the layer's matrix for every head.
 
     Args:
         name: a measure (see :data:`MEASURES`).

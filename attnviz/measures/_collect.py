@@ -319,7 +319,7 @@ def eager_weights(model: nn.Module, inputs: dict[str, Any]) -> list[torch.Tensor
 
 
 #: Bytes of float64 ``[batch, query, key, model]`` vectors held at once (queries are chunked).
-CHUNK_BYTES = 1 << 28
+CHUNK_BYTES = 1 << 26
 
 
 def block_vectors(record: LayerRecord, parts: LayerParts, num_heads: int,
@@ -345,11 +345,11 @@ def block_vectors(record: LayerRecord, parts: LayerParts, num_heads: int,
     residual = record.residual.to(torch.float64)  # [B, T, D]
     batch, tokens, width = residual.shape
     step = max(1, CHUNK_BYTES // max(1, batch * tokens * width * 8))
-    b_out = parts.b_out if parts.b_out is not None else torch.zeros(width, dtype=torch.float64)
+    b_out = parts.b_out if parts.b_out is not None else residual.new_zeros(width)
     for start in range(0, tokens, step):
         rows = slice(start, min(tokens, start + step))
         z = torch.einsum("bhqk,bhkd->bqkd", probs[:, :, rows], fx)  # [B, q, key, D]
-        index = torch.arange(rows.start, rows.stop)
+        index = torch.arange(rows.start, rows.stop, device=z.device)
         z[:, index - rows.start, index] += residual[:, rows]
         if not post_ln:
             yield rows, z, z.sum(2) + b_out

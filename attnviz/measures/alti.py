@@ -48,7 +48,8 @@ def alti_layers(model: Any, inputs: dict[str, Any], config: Any) -> list[torch.T
         assert record.probs is not None
         batch, heads, tokens, _ = record.probs.shape
         parts = layer_parts(layer, adapter, heads)
-        out = torch.zeros(batch, tokens, tokens, dtype=torch.float64)
+        out = torch.zeros(batch, tokens, tokens, dtype=torch.float64,
+                          device=record.probs.device)
         for rows, vectors, output in block_vectors(record, parts, heads, adapter.post_ln):
             distance = (output[:, :, None, :] - vectors).abs().sum(-1)  # [B, q, key]
             closeness = (output.abs().sum(-1)[:, :, None] - distance).clamp(min=0)

@@ -44,7 +44,8 @@ def norm_res_ln_layers(model: Any, inputs: dict[str, Any], config: Any) -> list[
         assert record.probs is not None
         batch, heads, tokens, _ = record.probs.shape
         parts = layer_parts(layer, adapter, heads)
-        out = torch.zeros(batch, tokens, tokens, dtype=torch.float64)
+        out = torch.zeros(batch, tokens, tokens, dtype=torch.float64,
+                          device=record.probs.device)
         for rows, vectors, _ in block_vectors(record, parts, heads, adapter.post_ln):
             out[:, rows] = vectors.norm(dim=-1)
         result.append(per_layer(out, heads))

@@ -63,8 +63,9 @@ def _zeroing(module: nn.Module, adapter: Adapter, positions: list[int]) -> Itera
     def hook(_module: nn.Module, _args: Any, output: torch.Tensor) -> torch.Tensor:
         width = output.shape[-1] // parts
         output = output.clone()
-        rows = torch.arange(len(positions))
-        output[rows, torch.tensor(positions), index * width:(index + 1) * width] = 0
+        rows = torch.arange(len(positions), device=output.device)
+        columns = torch.tensor(positions, device=output.device)
+        output[rows, columns, index * width:(index + 1) * width] = 0
         return output
 
     handle = module.register_forward_hook(hook)
@@ -103,10 +104,11 @@ def value_zeroing_layers(model: Any, inputs: dict[str, Any], config: Any) -> lis
         batch, heads, tokens, _ = record.probs.shape
         width = int(record.residual.shape[-1])
         # A rerun of n copies holds about n * tokens * (heads * tokens + 8 * width) floats.
-        step = max(1, CHUNK_BYTES // (8 * tokens * (heads * tokens + 8 * width)))
+        step = max(1, 4 * CHUNK_BYTES // (8 * tokens * (heads * tokens + 8 * width)))
         twin = copy.deepcopy(layer).to(torch.float64).eval()
         value_module = twin.get_submodule(adapter.value)
-        scores = torch.zeros(batch, tokens, tokens, dtype=torch.float64)
+        scores = torch.zeros(batch, tokens, tokens, dtype=torch.float64,
+                             device=record.residual.device)
         with torch.inference_mode():
             for row in range(batch):
                 original = _rerun(twin, record, row, batch, 1)  # [1, T, D]

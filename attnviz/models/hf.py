@@ -597,10 +597,10 @@ class HFSource:
             InputError: empty or too long text, or a capture bigger than free memory.
             ModelLoadError: the forward pass failed or returned no weights.
         """
-        from attnviz.measures import check_measure
+        from attnviz.measures import check_supported
         from attnviz.models._measure import fill_measure, measure_meta
 
-        measure = check_measure(measure)
+        measure = check_supported(measure, self.config)  # before the pass: a model type it fits
         enc, warnings = self.encode(text, pair, max_tokens, truncate)
         keep_layers, keep_heads = self._selection(layers, heads)
         size = int(enc["input_ids"].shape[1])
