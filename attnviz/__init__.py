@@ -45,7 +45,8 @@ def capture_text(text: str, model: str | None = None, pair: str | None = None, *
     once and kept warm, and texts already in the capture cache skip the model. Keyword options
     are those of :class:`attnviz.models.ModelSpec` (``revision``, ``device``, ``dtype``,
     ``trust_remote_code``, ``toy``) and of :meth:`attnviz.session.Session.capture` (``layers``,
-    ``heads``, ``max_tokens``, ``truncate``, ``use_cache``).
+    ``heads``, ``max_tokens``, ``truncate``, ``use_cache``, ``measure``: ``"weights"`` or
+    ``"norm"``, ``"norm-res-ln"``, ``"alti"``, ``"value-zeroing"``, see :mod:`attnviz.measures`).
     """
     from attnviz.session import default_session
 
@@ -55,19 +56,21 @@ def capture_text(text: str, model: str | None = None, pair: str | None = None, *
 def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
             layers: str | int | Sequence[int] | None = None,
             heads: str | int | Sequence[int] | None = None,
-            max_tokens: int | None = None, truncate: bool = True) -> Capture:
+            max_tokens: int | None = None, truncate: bool = True,
+            measure: str = "weights") -> Capture:
     """Capture the attention of a transformers model you already hold, on ``text``.
 
     Any device, any dtype, no reload. A model running with ``sdpa`` or flash attention is
-    switched to eager attention (and eval mode) for the call and restored afterwards. See
-    :func:`attnviz.models.own.capture`.
+    switched to eager attention (and eval mode) for the call and restored afterwards.
+    ``measure`` (``"norm"``, ``"norm-res-ln"``, ``"alti"``, ``"value-zeroing"``) captures that
+    measure instead of the weights. See :func:`attnviz.models.own.capture`.
     """
     from attnviz.errors import python_names
     from attnviz.models.own import capture as capture_own
 
     with python_names():
         return capture_own(model, tokenizer, text, pair, layers=layers, heads=heads,
-                           max_tokens=max_tokens, truncate=truncate)
+                           max_tokens=max_tokens, truncate=truncate, measure=measure)
 
 
 def show(capture: Capture, view: str = "head", **options: Any) -> AttentionView:

@@ -27,7 +27,7 @@ def capture_batches(spec: ModelSpec, texts: Sequence[CorpusText], *,
                     max_tokens: int | None = None, truncate: bool = True,
                     use_cache: bool = True, write: bool = True,
                     check: Callable[[str, str | None], None] | None = None,
-                    warn: Callable[[str], None] | None = None
+                    warn: Callable[[str], None] | None = None, measure: str = "weights"
                     ) -> Iterator[Capture | InputError]:
     """One capture (weights ``[layer, head, query, key]``) or error per text, in order.
 
@@ -46,6 +46,7 @@ def capture_batches(spec: ModelSpec, texts: Sequence[CorpusText], *,
         use_cache: look texts up in the capture cache; ``write``: keep fresh captures there.
         check: raises :class:`InputError` for a text (and pair) the model cannot use.
         warn: called when the cache cannot be written.
+        measure: ``weights`` or a measure of :mod:`attnviz.measures` (cached under its own key).
 
     Raises:
         UsageError: a selection fits no text of this model.
@@ -71,34 +72,38 @@ def capture_batches(spec: ModelSpec, texts: Sequence[CorpusText], *,
                     results[i] = error
                     continue
             if use_cache:
-                results[i] = _cached(spec, text, pair, layers, heads, max_tokens, truncate)
+                results[i] = _cached(spec, text, pair, layers, heads, max_tokens, truncate,
+                                     measure)
         misses = [i for i, result in enumerate(results) if result is None]
         if misses:
             for i, result in zip(misses, _run_batch(load(), [chunk[i] for i in misses],
-                                                    layers, heads, max_tokens, truncate)):
+                                                    layers, heads, max_tokens, truncate,
+                                                    measure)):
                 results[i] = result
                 if use_cache and write and isinstance(result, Capture):
-                    _keep(spec, chunk[i], result, layers, heads, max_tokens, truncate, warn)
+                    _keep(spec, chunk[i], result, layers, heads, max_tokens, truncate, warn,
+                          measure)
         yield from (result for result in results if result is not None)
 
 
 def _cached(spec: ModelSpec, text: str, pair: str | None, layers: str | None,
-            heads: str | None, max_tokens: int | None, truncate: bool) -> Capture | None:
+            heads: str | None, max_tokens: int | None, truncate: bool,
+            measure: str = "weights") -> Capture | None:
     """The cached capture of a request (see :func:`attnviz.cache.cached_capture`)."""
     from attnviz.cache import cached_capture
 
     return cached_capture(spec, text, pair, layers=layers, heads=heads, max_tokens=max_tokens,
-                          truncate=truncate)
+                          truncate=truncate, measure=measure)
 
 
 def _keep(spec: ModelSpec, text: CorpusText, capture: Capture, layers: str | None,
           heads: str | None, max_tokens: int | None, truncate: bool,
-          warn: Callable[[str], None] | None) -> None:
+          warn: Callable[[str], None] | None, measure: str = "weights") -> None:
     from attnviz.cache import capture_key, store
 
     try:
         key = capture_key(spec, text[0], text[1], max_tokens=max_tokens, truncate=truncate,
-                          layers=layers, heads=heads)
+                          layers=layers, heads=heads, measure=measure)
         store(key, capture)
     except (OSError, ValueError):
         return
@@ -109,8 +114,8 @@ def _keep(spec: ModelSpec, text: CorpusText, capture: Capture, layers: str | Non
 
 
 def _run_batch(source: AttentionSource, texts: Sequence[CorpusText], layers: str | None,
-               heads: str | None, max_tokens: int | None, truncate: bool
-               ) -> list[Capture | InputError]:
+               heads: str | None, max_tokens: int | None, truncate: bool,
+               measure: str = "weights") -> list[Capture | InputError]:
     """Capture ``texts`` in one batch; when one text spoils it, one by one."""
     from attnviz.models import capture_many
     from attnviz.selection import parse_selection
@@ -122,15 +127,16 @@ def _run_batch(source: AttentionSource, texts: Sequence[CorpusText], layers: str
         return list(capture_many(source, [text for text, _ in texts],
                                  None if all(p is None for p in pairs) else pairs,
                                  batch_size=len(texts), layers=layer_list, heads=head_list,
-                                 max_tokens=max_tokens, truncate=truncate))
+                                 max_tokens=max_tokens, truncate=truncate, measure=measure))
     except InputError as error:
         if len(texts) == 1:
             return [error]
+    extra = {} if measure == "weights" else {"measure": measure}
     results: list[Capture | InputError] = []
     for text, pair in texts:
         try:
             results.append(source.capture(text, pair, layers=layer_list, heads=head_list,
-                                          max_tokens=max_tokens, truncate=truncate))
+                                          max_tokens=max_tokens, truncate=truncate, **extra))
         except InputError as error:
             results.append(error)
     return results

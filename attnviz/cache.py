@@ -174,22 +174,29 @@ def model_identity(spec: ModelSpec) -> dict[str, Any]:
 
 def capture_key(spec: ModelSpec, text: str, pair: str | None = None, *,
                 max_tokens: int | None = None, truncate: bool = True,
-                layers: str | None = None, heads: str | None = None) -> str:
+                layers: str | None = None, heads: str | None = None,
+                measure: str = "weights") -> str:
     """The cache key (64 hex digits) of one capture request."""
     return _key(model_identity(spec), text, pair, max_tokens=max_tokens, truncate=truncate,
-                layers=layers, heads=heads)
+                layers=layers, heads=heads, measure=measure)
 
 
 def _key(identity: dict[str, Any], text: str, pair: str | None, *, max_tokens: int | None,
-         truncate: bool, layers: str | None, heads: str | None) -> str:
-    """:func:`capture_key` from a :func:`model_identity` already read."""
-    payload = {
+         truncate: bool, layers: str | None, heads: str | None,
+         measure: str = "weights") -> str:
+    """:func:`capture_key` from a :func:`model_identity` already read.
+
+    A measure other than weights joins the key (attention weights keep the keys they always
+    had, so entries written before measures existed are still found)."""
+    payload: dict[str, Any] = {
         "attnviz": __version__,
         "model": identity,
         "text": text, "pair": pair,
         "max_tokens": max_tokens, "truncate": truncate,
         "layers": _normal_selection(layers), "heads": _normal_selection(heads),
     }
+    if measure != "weights":
+        payload["measure"] = measure
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -669,19 +676,21 @@ def clear() -> tuple[int, int]:
 def cached_capture(spec: ModelSpec, text: str, pair: str | None = None, *,
                    layers: str | None = None, heads: str | None = None,
                    max_tokens: int | None = None, truncate: bool = True,
-                   warn: Callable[[str], None] | None = None) -> Capture | None:
+                   warn: Callable[[str], None] | None = None,
+                   measure: str = "weights") -> Capture | None:
     """The cached capture of a request, or ``None``; never loads the model.
 
     A cached capture of all layers and heads also serves a request for a selection. ``warn``
     hears about a damaged entry (see :func:`lookup`).
     """
     return find(spec, text, pair, layers=layers, heads=heads, max_tokens=max_tokens,
-                truncate=truncate, warn=warn)[0]
+                truncate=truncate, warn=warn, measure=measure)[0]
 
 
 def find(spec: ModelSpec, text: str, pair: str | None, *, layers: str | None,
             heads: str | None, max_tokens: int | None, truncate: bool,
-            warn: Callable[[str], None] | None) -> tuple[Capture | None, str]:
+            warn: Callable[[str], None] | None, measure: str = "weights"
+            ) -> tuple[Capture | None, str]:
     """:func:`cached_capture` and the key a fresh capture of this request is stored under
     (``""`` when the model folder cannot be read), reading the model's identity once."""
     from attnviz.selection import parse_selection
@@ -689,9 +698,9 @@ def find(spec: ModelSpec, text: str, pair: str | None, *, layers: str | None,
     try:
         identity = model_identity(spec)
         full = _key(identity, text, pair, max_tokens=max_tokens, truncate=truncate,
-                    layers=None, heads=None)
+                    layers=None, heads=None, measure=measure)
         own = _key(identity, text, pair, max_tokens=max_tokens, truncate=truncate,
-                   layers=layers, heads=heads)
+                   layers=layers, heads=heads, measure=measure)
     except (OSError, ValueError):  # an unreadable model folder: let loading report it
         return None, ""
     for key in dict.fromkeys((full, own)):

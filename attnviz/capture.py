@@ -24,6 +24,7 @@ from attnviz.capture_build import (  # noqa: F401  (guess_word_ids re-exported)
     attention_fields,
     clean_token,
     guess_word_ids,
+    measure_label,
     model_label,
 )
 from attnviz.capture_format import (  # noqa: F401  (re-exported)
@@ -180,6 +181,38 @@ class Capture:
                 else f"mean of heads {format_indices(self.heads)}")
 
     @property
+    def measure(self) -> str:
+        """What :attr:`weights` hold: ``weights`` (attention itself) or a measure such as
+        ``norm`` (``meta["measure"]``, written by the source that computed it)."""
+        return str(self.meta.get("measure") or "weights")
+
+    @property
+    def measure_label(self) -> str:
+        """How titles name the measure (``norm ||αf(x)||``, from its conventions in the
+        sidecar); ``""`` for attention weights."""
+        if self.measure == "weights":
+            return ""
+        conventions = self.meta.get("measure_conventions")
+        label = conventions.get("label") if isinstance(conventions, dict) else None
+        return str(label) if isinstance(label, str) and label else measure_label(self.measure)
+
+    @property
+    def rows_sum_to_one(self) -> bool:
+        """Whether each query row is a distribution (attention, or a measure whose
+        conventions say its rows sum to 1); ``norm`` rows are amounts."""
+        if self.measure == "weights":
+            return True
+        conventions = self.meta.get("measure_conventions")
+        return isinstance(conventions, dict) and conventions.get("rows") == "sum to 1"
+
+    @property
+    def title_start(self) -> str:
+        """The start of every title: ``minilm: `` or, for a measure, ``minilm: norm
+        ||\u03b1f(x)||, `` (then ``layer 2, head 3``)."""
+        measure = self.measure_label
+        return f"{self.model_label}: " + (f"{measure}, " if measure else "")
+
+    @property
     def model_label(self) -> str:
         """The model's name for titles: a local folder's name, not its path
         (:func:`~attnviz.capture_build.model_label`); :attr:`model` keeps the path."""
@@ -219,8 +252,8 @@ class Capture:
                         layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
                         num_layers: int | None = None, num_heads: int | None = None,
                         model: str = "model", text: str | None = None, pair: str | None = None,
-                        causal: bool | None = None, meta: dict[str, Any] | None = None
-                        ) -> Capture:
+                        causal: bool | None = None, meta: dict[str, Any] | None = None,
+                        measure: str = "weights") -> Capture:
         """A capture from attention weights you already have, e.g. ``outputs.attentions``.
 
         Args:
@@ -251,6 +284,8 @@ class Capture:
             causal: whether queries only see earlier keys (default: every weight above the
                 diagonal is exactly 0).
             meta: anything else to keep.
+            measure: only ``"weights"``: the other measures (``norm``, ``alti``...) are
+                computed from the model's internals, which attention weights alone do not hold.
 
         Returns:
             The capture, float32 weights ``[layer, head, query, key]`` of the real tokens.
@@ -263,8 +298,13 @@ class Capture:
                 type, or weights that are not attention: NaN or infinity, negative values,
                 key columns of zeros without a mask in a capture that is not causal,
                 rows that do not sum to 1 (0 for a row with every key masked), weight above the
-                diagonal of a capture said to be ``causal``.
+                diagonal of a capture said to be ``causal``; a ``measure`` other than weights.
         """
+        if measure != "weights":
+            raise UsageError(f"Capture.from_attentions builds attention weights, not the measure "
+                             f"{measure!r:.40}",
+                             "capture the measure from the model: attnviz.capture(model, "
+                             f"tokenizer, text, measure={measure!r:.40})")
         return cls(**attention_fields(
             attentions, tokens, batch_index=batch_index, attention_mask=attention_mask,
             tokenizer=tokenizer, special=special, word_ids=word_ids, layers=layers, heads=heads,

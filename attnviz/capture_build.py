@@ -40,6 +40,21 @@ def clean_token(token: str) -> str:
     return shown if shown else "\u2423"
 
 
+#: How titles, table headers and reports name a measure (``weights`` needs no name).
+MEASURE_LABELS: dict[str, str] = {
+    "weights": "",
+    "norm": "norm ||\u03b1f(x)||",
+    "norm-res-ln": "norm ||LN(\u03a3\u03b1f(x) + x)||",
+    "alti": "ALTI contributions",
+    "value-zeroing": "value zeroing",
+}
+
+
+def measure_label(measure: str) -> str:
+    """The title name of ``measure`` (``norm ||\u03b1f(x)||``); ``""`` for attention weights."""
+    return MEASURE_LABELS.get(measure, measure) if measure != "weights" else ""
+
+
 def model_label(name: str) -> str:
     """A model's name as titles and table headers show it: a local folder's own name rather
     than its path (``/home/me/models/my-bert/`` -> ``my-bert``); hub ids (``org/name``) and

@@ -8,8 +8,10 @@ JSON sidecar ``capture.json`` in a folder, or ``NAME.npy`` plus ``NAME.json`` (s
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -258,8 +260,13 @@ def sidecar_fields(meta: dict[str, Any], weights: np.ndarray,
     if tuple(weights.shape) != expected:
         raise _Invalid(f"the weights have shape {tuple(weights.shape)} but the sidecar "
                        f"describes {expected} (layers, heads, tokens, tokens)")
+    measure = extra.get("measure", "weights")
+    if not isinstance(measure, str) or not measure:
+        raise _Invalid(f"meta \"measure\" must be a measure's name such as \"norm\", not "
+                       f"{_shown(measure)}")
     # A memory-mapped capture may be larger than memory: check its first query rows only.
-    _check_weights(weights if check_all else weights[:, :, :1, :], layers, heads, causal)
+    _check_weights(weights if check_all else weights[:, :, :1, :], layers, heads, causal,
+                   rows=measure == "weights")
     return {
         "tokens": tokens, "word_ids": word_ids, "special": special, "weights": weights,
         "layers": layers, "heads": heads, "num_layers": num_layers,
@@ -268,11 +275,32 @@ def sidecar_fields(meta: dict[str, Any], weights: np.ndarray,
     }
 
 
+def _check_rows(block: np.ndarray, sums: np.ndarray,
+                where: Callable[[int, tuple[int, ...]], str]) -> None:
+    """One layer's attention rows (``[head, query, key]``): non-negative, summing to 1 (or 0
+    for a row with every key excluded)."""
+    import numpy as np
+
+    lowest = int(np.argmin(block))
+    if float(block.flat[lowest]) < -1e-6:
+        raise _Invalid(f"the weights hold negative values ({float(block.flat[lowest]):.4g} "
+                       f"at {where(lowest, block.shape)}): attention weights are never negative")
+    off = np.abs(sums - 1.0) > ROW_SUM_TOLERANCE
+    off &= np.abs(sums) > 1e-6
+    if off.any():
+        flat = int(np.argmax(off))
+        raise _Invalid(f"the weights of {where(flat, sums.shape)} sum to "
+                       f"{float(sums.flat[flat]):.4g}: each row of attention weights must "
+                       f"sum to 1 (within {ROW_SUM_TOLERANCE:g})")
+
+
 def _check_weights(weights: np.ndarray, layers: list[int], heads: list[int],
-                   causal: bool) -> None:
+                   causal: bool, *, rows: bool = True) -> None:
     """Attention rows: finite, non-negative, summing to 1 (or 0), causal when marked so.
 
-    ``weights`` is ``[layer, head, query, key]``, possibly only the first queries.
+    ``weights`` is ``[layer, head, query, key]``, possibly only the first queries. ``rows``
+    False (a measure such as ``norm``, whose rows are not distributions): finite and causal
+    only.
     """
     import numpy as np
 
@@ -291,18 +319,8 @@ def _check_weights(weights: np.ndarray, layers: list[int], heads: list[int],
         sums = block.sum(axis=-1, dtype=np.float64)  # [head, query]
         if not np.isfinite(sums).all():
             raise _Invalid("the weights contain NaN or infinite values")
-        lowest = int(np.argmin(block))
-        if float(block.flat[lowest]) < -1e-6:
-            raise _Invalid(f"the weights hold negative values ({float(block.flat[lowest]):.4g} "
-                           f"at {where(position, lowest, block.shape)}): attention weights "
-                           "are never negative")
-        off = np.abs(sums - 1.0) > ROW_SUM_TOLERANCE
-        off &= np.abs(sums) > 1e-6  # a row with every key excluded sums to 0
-        if off.any():
-            flat = int(np.argmax(off))
-            raise _Invalid(f"the weights of {where(position, flat, sums.shape)} sum to "
-                           f"{float(sums.flat[flat]):.4g}: each row of attention weights must "
-                           f"sum to 1 (within {ROW_SUM_TOLERANCE:g})")
+        if rows:
+            _check_rows(block, sums, functools.partial(where, position))
         if causal and keys > 1:
             future = np.where(later, block, 0)
             worst = int(np.argmax(future))

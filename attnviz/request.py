@@ -67,9 +67,14 @@ class CaptureRequest:
             :class:`~attnviz.errors.InputError`.
         use_cache: read and write the capture cache (a session made with ``use_cache=False``
             never does).
+        measure: what to capture: ``weights`` (attention) or a measure of
+            :mod:`attnviz.measures` (``norm``, ``norm-res-ln``, ``alti``, ``value-zeroing``).
+            ``None``: attention weights for a text; with ``from_path``, whatever the saved
+            capture holds (a name there must match it).
 
     Raises:
-        UsageError: the request names two inputs, or a pair with a saved capture.
+        UsageError: the request names two inputs, a pair with a saved capture, or an unknown
+            measure.
     """
 
     text: str | None = None
@@ -85,8 +90,16 @@ class CaptureRequest:
     max_tokens: int | None = None
     truncate: bool = True
     use_cache: bool = True
+    measure: str | None = None
 
     def __post_init__(self) -> None:
+        if self.measure is not None:
+            if not isinstance(self.measure, str):
+                raise UsageError(f"measure must be a name such as \"norm\", not "
+                                 f"{self.measure!r:.40}")
+            from attnviz.measures import check_measure
+
+            object.__setattr__(self, "measure", check_measure(self.measure))
         given = [name for name, value in (("text", self.text), ("stdin", self.stdin or None),
                                           ("from_path", self.from_path)) if value is not None]
         if len(given) > 1:

@@ -306,7 +306,7 @@ class Session:
                 model: str | ModelSpec | None = None, layers: Selection = None,
                 heads: Selection = None, max_tokens: int | None = None,
                 truncate: bool = True, use_cache: bool | None = None,
-                write_cache: bool = True, **options: Any) -> Capture:
+                write_cache: bool = True, measure: str = "weights", **options: Any) -> Capture:
         """Capture the attention of ``model`` on ``text`` (and ``pair``).
 
         Args:
@@ -319,6 +319,9 @@ class Session:
                 ``capture.meta["warnings"]``) or raise :class:`~attnviz.errors.InputError`.
             use_cache: read the capture cache (default: the session's ``use_cache``).
             write_cache: keep a fresh capture in the cache.
+            measure: ``weights`` (attention) or a measure of :mod:`attnviz.measures`
+                (``norm``, ``norm-res-ln``, ``alti``, ``value-zeroing``); each is cached
+                under its own key and named in ``capture.meta["measure"]``.
             **options: model options of :class:`~attnviz.models.ModelSpec` (``device``,
                 ``dtype``, ``revision``, ``toy``...).
 
@@ -328,20 +331,21 @@ class Session:
         def forward(source: AttentionSource, layer_list: list[int] | None,
                     head_list: list[int] | None) -> tuple[Capture, Capture]:
             capture = source.capture(text, pair, layers=layer_list, heads=head_list,
-                                     max_tokens=max_tokens, truncate=truncate)
+                                     max_tokens=max_tokens, truncate=truncate,
+                                     **_measure_option(measure))
             return capture, capture
 
         return self._run(text, pair, model=model, layers=layers, heads=heads,
                          max_tokens=max_tokens, truncate=truncate, use_cache=use_cache,
                          write_cache=write_cache, options=options, forward=forward,
-                         from_cache=lambda hit: hit)
+                         from_cache=lambda hit: hit, measure=measure)
 
     @_for_callers
     def dump(self, text: str, path: Path | str, pair: str | None = None, *,
              model: str | ModelSpec | None = None, layers: Selection = None,
              heads: Selection = None, max_tokens: int | None = None, truncate: bool = True,
              float16: bool = False, use_cache: bool | None = None, write_cache: bool = True,
-             **options: Any) -> tuple[Path, Capture]:
+             measure: str = "weights", **options: Any) -> tuple[Path, Capture]:
         """Capture ``text`` and write the record to ``path`` (what ``attnviz dump`` does).
 
         A capture in the cache is written from there, without loading the model. Otherwise the
@@ -352,7 +356,7 @@ class Session:
 
         Args:
             text, pair, model, layers, heads, max_tokens, truncate, use_cache, write_cache,
-                **options: as in :meth:`capture`.
+                measure, **options: as in :meth:`capture`.
             path: a folder (gets ``attention.npy`` + ``capture.json``) or a ``.npy`` path.
             float16: store the weights as float16.
 
@@ -365,7 +369,8 @@ class Session:
                     head_list: list[int] | None) -> tuple[tuple[Path, Capture], Capture]:
             written = stream_capture(source, text, path, pair=pair, layers=layer_list,
                                      heads=head_list, max_tokens=max_tokens,
-                                     truncate=truncate, float16=float16)
+                                     truncate=truncate, float16=float16,
+                                     **_measure_option(measure))
             return written, written[1]
 
         def from_cache(hit: Capture) -> tuple[Path, Capture]:
@@ -374,7 +379,7 @@ class Session:
         return self._run(text, pair, model=model, layers=layers, heads=heads,
                          max_tokens=max_tokens, truncate=truncate, use_cache=use_cache,
                          write_cache=write_cache and not float16, options=options,
-                         forward=forward, from_cache=from_cache)
+                         forward=forward, from_cache=from_cache, measure=measure)
 
     # ------------------------------------------------------------------ requests
     @_for_callers
@@ -389,6 +394,9 @@ class Session:
         """
         if request.from_path is not None:
             return
+        from attnviz.models._measure import check_measure_for
+
+        check_measure_for(make_spec(request.model).name, request.measure)
         self.validate(request.model, layers=request.layers, heads=request.heads,
                       layer=request.layer, head=request.head)
         if request.start_layer is not None:
@@ -447,7 +455,8 @@ class Session:
         written = self.dump(text, path, pair, model=request.model, layers=request.layers,
                             heads=request.heads, max_tokens=request.max_tokens,
                             truncate=request.truncate, float16=float16,
-                            use_cache=request.use_cache and self.use_cache)
+                            use_cache=request.use_cache and self.use_cache,
+                            measure=request.measure or "weights")
         self._say(written[1])
         return written
 
@@ -472,7 +481,7 @@ class Session:
                                      layers=request.layers, heads=request.heads,
                                      max_tokens=request.max_tokens, truncate=request.truncate,
                                      use_cache=request.use_cache and self.use_cache,
-                                     check=check)
+                                     check=check, measure=request.measure or "weights")
             return
         for text, pair in _text_pairs(texts):
             try:
@@ -480,7 +489,8 @@ class Session:
                 yield self.capture(text, pair, model=request.model, layers=request.layers,
                                    heads=request.heads, max_tokens=request.max_tokens,
                                    truncate=request.truncate,
-                                   use_cache=request.use_cache and self.use_cache)
+                                   use_cache=request.use_cache and self.use_cache,
+                                   measure=request.measure or "weights")
             except InputError as error:
                 yield named_for_python(error) if self.python else error
 
@@ -493,7 +503,8 @@ class Session:
             capture = self.capture(text, pair, model=request.model, layers=request.layers,
                                    heads=request.heads, max_tokens=request.max_tokens,
                                    truncate=request.truncate,
-                                   use_cache=request.use_cache and self.use_cache)
+                                   use_cache=request.use_cache and self.use_cache,
+                                   measure=request.measure or "weights")
             self._say(capture)
         if request.layer is not None:
             capture.layer_position(request.layer)
@@ -517,6 +528,11 @@ class Session:
         from attnviz.selection import parse_selection
 
         capture = load_capture(cast("Path", request.from_path), mmap=mmap)
+        if request.measure is not None and request.measure != capture.measure:
+            raise UsageError(f"{request.from_path} holds the measure {capture.measure}, not "
+                             f"{request.measure}",
+                             f"drop --measure to show what it holds, or capture the text again "
+                             f"with --measure {request.measure}")
         if request.layers is not None or request.heads is not None:
             capture = capture.select(
                 parse_selection(request.layers, capture.num_layers, "layer")
@@ -536,11 +552,14 @@ class Session:
              use_cache: bool | None, write_cache: bool, options: dict[str, Any],
              forward: Callable[[AttentionSource, list[int] | None, list[int] | None],
                                tuple[_T, Capture]],
-             from_cache: Callable[[Capture], _T]) -> _T:
+             from_cache: Callable[[Capture], _T], measure: str = "weights") -> _T:
         """The steps :meth:`capture` and :meth:`dump` share: check the request, answer from
         the cache (``from_cache``) or validate, load and run ``forward`` under the model's
         forward lock, then keep the fresh capture in the cache (when ``write_cache``)."""
+        from attnviz.models._measure import check_measure_for
+
         spec = make_spec(model, **options)
+        measure = check_measure_for(spec.name, measure)
         layer_text, head_text = _checked_request(text, pair, layers, heads, max_tokens)
         cache_on = self.use_cache if use_cache is None else use_cache
         key = ""
@@ -548,7 +567,8 @@ class Session:
             from attnviz.cache import find
 
             hit, key = find(spec, text, pair, layers=layer_text, heads=head_text,
-                            max_tokens=max_tokens, truncate=truncate, warn=self._cache_warn)
+                            max_tokens=max_tokens, truncate=truncate, warn=self._cache_warn,
+                            measure=measure)
             if hit is not None:
                 return from_cache(hit)
         self.validate(spec, layers=layer_text, heads=head_text)  # before loading the weights
@@ -566,14 +586,15 @@ class Session:
                  layers: Selection = None, heads: Selection = None,
                  max_tokens: int | None = None, truncate: bool = True,
                  use_cache: bool | None = None, write_cache: bool = True,
-                 check: Callable[[str, str | None], None] | None = None
-                 ) -> Iterator[Capture | InputError]:
+                 check: Callable[[str, str | None], None] | None = None,
+                 measure: str = "weights") -> Iterator[Capture | InputError]:
         """One capture or :class:`InputError` per text, in order, in padded batches.
 
         ``texts`` is a list of strings and/or ``(text, pair)`` tuples.
 
         Cached texts come from the cache; the others run ``batch_size`` at a time (see
-        :func:`attnviz.batches.capture_batches`).
+        :func:`attnviz.batches.capture_batches`). ``measure`` as in :meth:`capture` (a measure
+        other than weights runs text by text inside each batch).
         """
         from attnviz.errors import named_for_python
 
@@ -581,7 +602,8 @@ class Session:
             for item in self._captures(texts, model=model, batch_size=batch_size,
                                        layers=layers, heads=heads, max_tokens=max_tokens,
                                        truncate=truncate, use_cache=use_cache,
-                                       write_cache=write_cache, check=check):
+                                       write_cache=write_cache, check=check,
+                                       measure=measure):
                 yield named_for_python(item) if self.python and isinstance(
                     item, InputError) else item
 
@@ -589,11 +611,13 @@ class Session:
                   model: str | ModelSpec | None, batch_size: int, layers: Selection,
                   heads: Selection, max_tokens: int | None, truncate: bool,
                   use_cache: bool | None, write_cache: bool,
-                  check: Callable[[str, str | None], None] | None
+                  check: Callable[[str, str | None], None] | None, measure: str = "weights"
                   ) -> Iterator[Capture | InputError]:
         from attnviz.batches import capture_batches
+        from attnviz.models._measure import check_measure_for
 
         spec = make_spec(model)
+        measure = check_measure_for(spec.name, measure)
         texts = _text_pairs(texts)
         layer_text, head_text = _selections(layers, heads)
         _check_max_tokens(max_tokens)
@@ -612,7 +636,7 @@ class Session:
                                        layers=layer_text,
                                        heads=head_text, max_tokens=max_tokens,
                                        truncate=truncate, use_cache=cache_on, write=write_cache,
-                                       check=check, warn=self._cache_warn)
+                                       check=check, warn=self._cache_warn, measure=measure)
 
     def _cache_warn(self, message: str) -> None:
         """Pass a cache warning on once: a corpus of damaged entries or an unwritable cache
@@ -633,6 +657,15 @@ class Session:
         except AttnvizError as error:
             self._cache_warn(f"could not keep the capture in the cache ({error.message}); "
                              "use --no-cache to stop trying")
+
+
+def _measure_option(measure: str) -> dict[str, str]:
+    """``measure=`` for a source's capture, left out for attention weights (sources that
+    know no measures keep working)."""
+    from attnviz.measures import check_measure
+
+    name = check_measure(measure or "weights")
+    return {} if name == "weights" else {"measure": name}
 
 
 def _text_pairs(texts: Any) -> list[tuple[str, str | None]]:

@@ -202,7 +202,8 @@ def _takes_allocate(source: Any) -> bool:
 def stream_capture(source: AttentionSource, text: str, path: Path | str, *,
                    pair: str | None = None, layers: list[int] | None = None,
                    heads: list[int] | None = None, max_tokens: int | None = None,
-                   truncate: bool = True, float16: bool = False) -> tuple[Path, Capture]:
+                   truncate: bool = True, float16: bool = False,
+                   measure: str = "weights") -> tuple[Path, Capture]:
     """Run a model and write its capture straight to disk, one layer at a time.
 
     With a Hugging Face source each selected layer goes from the model into the memory-mapped
@@ -215,6 +216,7 @@ def stream_capture(source: AttentionSource, text: str, path: Path | str, *,
         path: a folder or a ``.npy`` path, as in :meth:`~attnviz.capture.Capture.save`.
         pair, layers, heads, max_tokens, truncate: as in the source's ``capture``.
         float16: store the weights as float16.
+        measure: ``weights`` or a measure of :mod:`attnviz.measures` (the sidecar names it).
 
     Returns:
         The ``.npy`` path and the capture, whose weights are a read-only memory map of the
@@ -223,6 +225,8 @@ def stream_capture(source: AttentionSource, text: str, path: Path | str, *,
     with CaptureWriter(path, float16=float16) as writer:
         options: dict[str, Any] = {"layers": layers, "heads": heads, "max_tokens": max_tokens,
                                    "truncate": truncate}
+        if measure != "weights":
+            options["measure"] = measure
         if _takes_allocate(source):
             capture_into = cast(Callable[..., "Capture"], source.capture)
             capture = capture_into(text, pair, allocate=writer.allocate, **options)

@@ -308,7 +308,9 @@ class Comparison:
             notes.append("B - A aligned by word")
         if self.renormalised:
             notes.append(f"rows renormalised over the paired {self.unit}s")
-        return f"Compare: {self.where}" + (f" ({', '.join(notes)})" if notes else "")
+        measure = self.a.capture.measure_label
+        return (f"Compare: {measure + ', ' if measure else ''}{self.where}"
+                + (f" ({', '.join(notes)})" if notes else ""))
 
     @property
     def diff_title(self) -> str:
@@ -356,9 +358,12 @@ class Comparison:
 
         def describe(side: Side, label: str) -> dict[str, Any]:
             capture = side.capture
-            return {"label": label, "model": capture.model, "text": capture.text,
-                    "causal": capture.causal, "layer": side.layer, "head": side.head,
-                    "tokens": side.tokens}
+            described = {"label": label, "model": capture.model, "text": capture.text,
+                         "causal": capture.causal, "layer": side.layer, "head": side.head,
+                         "tokens": side.tokens}
+            if capture.measure != "weights":
+                described["measure"] = capture.measure
+            return described
 
         def shares(values: np.ndarray | None) -> list[float] | None:
             return None if values is None else [round(float(v), 6) for v in values]

@@ -173,10 +173,16 @@ def head_report(sums: StatSums, view: Capture, induction: np.ndarray | None = No
     # Per-layer means come from the rows in layer order, whatever the display order.
     layer_rows: list[dict[str, Any]] = layer_table(rows)
     notes = view_notes(view)
-    title = (f"{model_label(sums.model)}: {sums.texts} text{'s' if sums.texts != 1 else ''}, "
+    measure = view.measure_label
+    if sums.measure != "weights" and not view.rows_sum_to_one:
+        notes.append(f"{sums.measure} rows scaled to sum to 1 before the statistics")
+    title = (f"{model_label(sums.model)}: " + (f"{measure}, " if measure else "")
+             + f"{sums.texts} text{'s' if sums.texts != 1 else ''}, "
              f"{sums.tokens} tokens" + (f" ({', '.join(notes)})" if notes else ""))
     info = {"title": title, "model": sums.model, "texts": sums.texts, "tokens": sums.tokens,
             "causal": sums.causal, "words": words, "exclude_special": exclude_special,
             "induction_test": induction_info}
+    if sums.measure != "weights":
+        info["measure"] = sums.measure
     return HeadReport(sort_head_rows(rows, sort, ascending), layer_rows, info,
                       list(sums.layers), list(sums.heads))

@@ -13,6 +13,11 @@ Row ``i`` of the result says how much of token ``i``'s representation at the top
 traced back to each input token. Every ``A_l`` is row-stochastic, so the rows of ``R`` sum to 1.
 In a causal model the matrices are lower triangular and the product piles weight on the first
 tokens, which every later token can see: rollout favours early tokens there.
+
+A capture of another measure (``norm``, ``alti``...; ``capture.measure``) is rolled out (or
+flowed) the same way from its per-layer matrices. The rows of ``norm`` and ``norm-res-ln`` are
+amounts, not distributions: each head's rows are first scaled to sum to 1, and titles say so;
+``alti`` and ``value-zeroing`` rows already sum to 1 and are used as they are.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Literal
 
 import numpy as np
 
+from attnviz.analysis.stats import row_normalised
 from attnviz.capture import Capture
 from attnviz.errors import UsageError
 
@@ -108,7 +114,10 @@ def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0,
             f"{', '.join(str(m) for m in missing)}",
             "capture all layers (drop --layers from dump), or raise --start-layer")
     positions = [capture.layers.index(layer) for layer in needed]
-    return combine(np.asarray(capture.weights[positions], dtype=np.float64), head_fusion)
+    weights = np.asarray(capture.weights[positions], dtype=np.float64)
+    if not capture.rows_sum_to_one:  # a measure's amounts (norm): each head's rows to sum to 1
+        weights = row_normalised(weights)
+    return combine(weights, head_fusion)
 
 
 @dataclass
@@ -170,9 +179,11 @@ def rollout_view(view: Capture, head_fusion: str = "mean", start_layer: int = 0,
     first = resolve_index(start_layer, view.num_layers, "layer")
     span = f"layers {first}-{max(view.layers)}" if first < max(view.layers) else f"layer {first}"
     notes = view_notes(view)
-    title = (f"{view.model_label}: attention {method}, {span}, heads fused by {head_fusion}"
+    if not view.rows_sum_to_one:
+        notes.append(f"each head's {view.measure} rows scaled to sum to 1")
+    title = (f"{view.title_start}attention {method}, {span}, heads fused by {head_fusion}"
              + (f" ({', '.join(notes)})" if notes else ""))
-    bar_title = f"{view.model_label}: {method} of {tokens[index]!r} (position {index}), {span}"
+    bar_title = f"{view.title_start}{method} of {tokens[index]!r} (position {index}), {span}"
     name = "Attention flow" if method == "flow" else "Rolled-out attention"
     return RolloutResult(matrix, tokens, index, span, title, bar_title, name)
 

@@ -99,6 +99,7 @@ class StatSums:
     tokens: int = 0
     model: str = ""
     causal: bool = False
+    measure: str = "weights"  # a measure's rows were scaled to sum to 1 first
 
     def __add__(self, other: StatSums) -> StatSums:
         if self.layers != other.layers or self.heads != other.heads:
@@ -108,7 +109,7 @@ class StatSums:
             sums={k: self.sums[k] + other.sums[k] for k in STAT_KEYS},
             counts={k: self.counts[k] + other.counts[k] for k in STAT_KEYS},
             texts=self.texts + other.texts, tokens=self.tokens + other.tokens,
-            model=self.model, causal=self.causal or other.causal)
+            model=self.model, causal=self.causal or other.causal, measure=self.measure)
 
     def means(self) -> dict[str, np.ndarray]:
         """Statistic -> ``[layer, head]`` mean over eligible rows (0 where there are none)."""
@@ -156,11 +157,20 @@ def _block_sums(block: np.ndarray, *, causal: bool, sep_mask: np.ndarray,
     return sums, counts
 
 
+def row_normalised(matrix: np.ndarray) -> np.ndarray:
+    """Rows scaled to sum to 1 (a row of zeros stays zero), for ``[..., query, key]``."""
+    data = np.asarray(matrix, dtype=np.float64)
+    sums = data.sum(axis=-1, keepdims=True)
+    return np.divide(data, sums, out=np.zeros_like(data), where=sums > 0)
+
+
 def stat_sums(capture: Capture) -> StatSums:
     """Per-row statistic sums of every held head of one capture.
 
     Args:
-        capture: weights ``[layer, head, query, key]``; rows should sum to 1 (or 0).
+        capture: weights ``[layer, head, query, key]``; rows should sum to 1 (or 0). The
+            rows of a measure whose rows are amounts (``norm``: ``capture.rows_sum_to_one``
+            is false) are scaled to sum to 1 first, so its statistics read as those of attention.
 
     Returns:
         The sums and row counts; :meth:`StatSums.means` gives the statistics.
@@ -174,13 +184,16 @@ def stat_sums(capture: Capture) -> StatSums:
     counts = {k: np.zeros((L, H)) for k in STAT_KEYS}
     for position in range(L):  # one layer at a time keeps float64 copies small
         block = np.asarray(capture.weights[position], dtype=np.float64)
+        if not capture.rows_sum_to_one:
+            block = row_normalised(block)
         layer_sums, layer_counts = _block_sums(block, causal=capture.causal, sep_mask=sep_mask,
                                                punct_mask=punct_mask)
         for key in STAT_KEYS:
             sums[key][position] = layer_sums[key]
             counts[key][position] = layer_counts[key]
     return StatSums(layers=list(capture.layers), heads=list(capture.heads), sums=sums,
-                    counts=counts, texts=1, tokens=T, model=capture.model, causal=capture.causal)
+                    counts=counts, texts=1, tokens=T, model=capture.model, causal=capture.causal,
+                    measure=capture.measure)
 
 
 def corpus_sums(captures: Iterable[Capture]) -> StatSums:

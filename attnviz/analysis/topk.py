@@ -53,7 +53,7 @@ def topk_rows(matrix: np.ndarray, tokens: list[str], k: int = 3, *,
 
 
 def topk_csv(weights: np.ndarray, layers: list[int], heads: list[int], tokens: list[str],
-             k: int = 3, *, causal: bool = False) -> str:
+             k: int = 3, *, causal: bool = False, measure: str = "weights") -> str:
     """CSV text of the top-k keys of every query, for every layer and head.
 
     Args:
@@ -61,6 +61,8 @@ def topk_csv(weights: np.ndarray, layers: list[int], heads: list[int], tokens: l
         layers: model layer index of each entry on axis 0; ``heads`` likewise for axis 1.
         tokens: label of each token (query and key axes).
         k: keys per query.
+        measure: a measure other than weights names the value column (``norm``, not
+            ``weight``).
 
     Returns:
         CSV with the columns of :data:`TOPK_CSV_COLUMNS`, one row per (layer, head, query, rank).
@@ -76,4 +78,7 @@ def topk_csv(weights: np.ndarray, layers: list[int], heads: list[int], tokens: l
                         yield [layer, head, entry.query, tokens[entry.query], rank, j,
                                tokens[j], f"{w:.6f}"]
 
-    return csv_text(TOPK_CSV_COLUMNS, rows())
+    columns = list(TOPK_CSV_COLUMNS)
+    if measure != "weights":
+        columns[-1] = measure
+    return csv_text(columns, rows())

@@ -125,6 +125,13 @@ WordsOpt = Annotated[bool, typer.Option(
     help="Merge subword tokens into words: attention to a word is the sum over its pieces, "
          "from a word the mean (rows still sum to 1).")]
 
+MeasureOpt = Annotated[str | None, typer.Option(
+    "--measure", rich_help_panel=VIEW_PANEL, metavar="NAME", show_default=False,
+    help="What to show: weights (attention, the default), norm (||\u03b1f(x)||, Kobayashi et "
+         "al. 2020), norm-res-ln (with the residual and LayerNorm, Kobayashi et al. 2021), alti "
+         "(Ferrando et al. 2022) or value-zeroing (Mohebbi et al. 2023); Hugging Face models "
+         "only. With --from: the saved capture's own. Example: --measure norm.")]
+
 # Figure options: windows and the colour scale (attnviz.render.heatmap.ColourScale).
 TokensOpt = Annotated[str | None, typer.Option(
     "--tokens", rich_help_panel=VIEW_PANEL, metavar="A:B",
@@ -201,6 +208,7 @@ class CaptureOptions:
     no_cache: bool
     device_map: str | None = None
     server: str | None = None
+    measure: str | None = None
 
     def __post_init__(self) -> None:
         # --server (or $ATTNVIZ_SERVER) applies to the whole command: the CLI session becomes a
@@ -291,7 +299,7 @@ class CaptureOptions:
                               from_path=from_path, pair=self.pair if input_given else None,
                               model=None if from_path is not None else self.spec(),
                               max_tokens=self.max_tokens, truncate=self.truncate,
-                              use_cache=not self.no_cache, **what)
+                              use_cache=not self.no_cache, measure=self.measure, **what)
 
 
 _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
@@ -327,6 +335,7 @@ _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
         "--device-map", rich_help_panel=MODEL_PANEL, metavar="MAP",
         help="'auto' spreads a model too big for one device over the GPUs, CPU memory and "
              "disk (Hugging Face Accelerate); use it instead of --device.")], None),
+    ("measure", MeasureOpt, None),
     ("max_tokens", Annotated[int | None, typer.Option(
         "--max-tokens", min=1, rich_help_panel=MODEL_PANEL,
         help="Limit the input to this many tokens (a model's own limit always applies; the "

@@ -38,6 +38,7 @@ from attnviz.cli._common import (
     ExcludeSpecialOpt,
     GammaOpt,
     KeysOpt,
+    MeasureOpt,
     QueriesOpt,
     ScaleName,
     ScaleOpt,
@@ -72,6 +73,7 @@ COMPARE_HELP = "\n\n".join([
     "  attnviz compare \"The cat sat\" --model-a minilm --model-b ./my-bert",
     "  attnviz compare \"The cat sat on the mat\" --model toy --vs-causal --head 0",
     "  attnviz compare --from a/ --from b/ --layer 0 --head 3 --format json",
+    "  attnviz compare \"The cat sat on the mat\" \"The dog sat on the mat\" --measure norm",
     "  attnviz compare \"The cat sat\" \"The dog sat\" --server http://127.0.0.1:8765",
 ])
 
@@ -271,6 +273,7 @@ def compare_command(
     scale: ScaleOpt = ScaleName.power,
     gamma: GammaOpt = None,
     vmax: VmaxOpt = "auto",
+    measure: MeasureOpt = None,
 ) -> None:
     """Compare two attention maps side by side, with their difference over aligned tokens."""
     from attnviz.analysis.compare import compare_captures, format_changes
@@ -296,7 +299,12 @@ def compare_command(
         from attnviz.request import CaptureRequest
 
         use_server(None)  # saved captures are read here, whatever --server says
-        cap_a, cap_b = session().run_each([CaptureRequest(from_path=path) for path in paths])
+        cap_a, cap_b = session().run_each([CaptureRequest(from_path=path, measure=measure)
+                                           for path in paths])
+        if cap_a.measure != cap_b.measure:
+            raise UsageError(f"A holds the measure {cap_a.measure} and B {cap_b.measure}: "
+                             "compare captures of the same measure",
+                             "dump both texts with the same --measure")
         label_a, label_b = (f"A: {cap_a.model_label} ({paths[0]})",
                             f"B: {cap_b.model_label} ({paths[1]})")
     else:
@@ -308,7 +316,8 @@ def compare_command(
         base = {"revision": revision, "trust_remote_code": trust_remote_code, "device": device,
                 "dtype": dtype, "toy_heads": toy_heads, "toy_layers": toy_layers,
                 "d_model": d_model, "seed": seed, "no_scale": no_scale,
-                "max_tokens": max_tokens, "truncate": truncate, "server": server}
+                "max_tokens": max_tokens, "truncate": truncate, "server": server,
+                "measure": measure}
         if vs_causal:
             if model_a or model_b or (model is not None and model != "toy"):
                 raise UsageError("--vs-causal compares the toy model without and with its "
@@ -349,6 +358,7 @@ def compare_command(
         digest = short_hash(cap_a.text, cap_b.text, cap_a.model, cap_b.model,
                             str(cap_a.causal), str(cap_b.causal), length=6)
         shown = f"L{layer}_{'mean' if head_choice == 'mean' else f'H{head_choice}'}"
+        shown += "" if cap_a.measure == "weights" else f"_{cap_a.measure}"
         shown += view_suffix(words=words, exclude_special=exclude_special, tokens=tokens,
                              queries=queries, keys=keys)
         out = Path(f"compare_{slugify(cap_a.text, 24)}_{digest}_{shown}.png")

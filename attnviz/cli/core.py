@@ -51,7 +51,7 @@ class TableFormat(str, Enum):
 def _head_title(capture: Capture, layer: int, head: str, notes: list[str]) -> str:
     extra = f" ({', '.join(notes)})" if notes else ""
     named = head if head.startswith("mean") else f"head {head}"
-    return f"{capture.model_label}: layer {layer}, {named}{extra}"
+    return f"{capture.title_start}layer {layer}, {named}{extra}"
 
 
 def _notes(capture: Capture) -> list[str]:
@@ -65,7 +65,8 @@ def _default_name(capture: Capture, what: str) -> Path:
 
     slug = slugify(capture.text, 30)
     digest = short_hash(capture.text, capture.pair or "", capture.model, length=6)
-    return Path(f"attention_{slug}_{digest}_{what}.png")
+    measure = "" if capture.measure == "weights" else f"_{capture.measure}"
+    return Path(f"attention_{slug}_{digest}_{what}{measure}.png")
 
 
 #: -o endings of files a capture is not (the user meant a file; dump would make a folder).
@@ -135,6 +136,8 @@ def heatmap(
       attnviz heatmap --from long/ --layer 2 --head 3 --tokens 2:8 --vmax 1
 
       attnviz heatmap --from cat/ --layer 0
+
+      attnviz heatmap "The cat sat on the mat" --layer 2 --head 3 --measure norm
     """
     head_choice = _parse_head(head)
     if head_choice is not None and layer is None:
@@ -190,11 +193,19 @@ def key_label(item: dict[str, Any]) -> str:
     return f"{item['key_index']}:{item['key']}"
 
 
-def format_topk(rows: list[dict[str, object]], fmt: TableFormat, k: int, title: str) -> str:
-    """Render top-k rows as csv, json or markdown text (``k`` past the keys means all keys)."""
+def format_topk(rows: list[dict[str, object]], fmt: TableFormat, k: int, title: str,
+                measure: str = "weights") -> str:
+    """Render top-k rows as csv, json or markdown text (``k`` past the keys means all keys).
+
+    A ``measure`` other than weights is named: a ``measure`` field in JSON, and the CSV's
+    value column is called after it (``norm`` instead of ``weight``).
+    """
     k = min(k, max((len(row["top"]) for row in rows), default=0))  # type: ignore[arg-type]
     if fmt is TableFormat.json:
-        return json.dumps({"title": title, "k": k, "rows": rows}, ensure_ascii=False, indent=1)
+        document: dict[str, object] = {"title": title, "k": k, "rows": rows}
+        if measure != "weights":
+            document = {"title": title, "measure": measure, "k": k, "rows": rows}
+        return json.dumps(document, ensure_ascii=False, indent=1)
     if fmt is TableFormat.csv:
         from attnviz.csvtext import csv_text
 
@@ -204,7 +215,8 @@ def format_topk(rows: list[dict[str, object]], fmt: TableFormat, k: int, title: 
             for rank, item in enumerate(top, start=1):
                 cells.append([row["query_index"], row["query"], rank, item["key_index"],
                               item["key"], f"{item['weight']:.6f}"])
-        return csv_text(["query_index", "query", "rank", "key_index", "key", "weight"], cells)
+        value = "weight" if measure == "weights" else measure
+        return csv_text(["query_index", "query", "rank", "key_index", "key", value], cells)
 
     def cell(text: object) -> str:
         return str(text).replace("|", "\\|")
@@ -245,6 +257,8 @@ def top_k_command(
       attnviz top-k "The cat sat on the mat" --layer 5 --head 3
 
       attnviz top-k "The cat sat on the mat" -l 0 --head mean -k 2 --format csv
+
+      attnviz top-k "The cat sat on the mat" -l 2 --head 3 --measure norm
     """
     from attnviz.selection import resolve_index
 
@@ -277,7 +291,8 @@ def top_k_command(
                             for t in row["top"]])  # type: ignore[attr-defined]
         stdout.print(table)
         return
-    text = format_topk(rows, TableFormat.markdown if fmt is TableFormat.table else fmt, k, title)
+    text = format_topk(rows, TableFormat.markdown if fmt is TableFormat.table else fmt, k, title,
+                       view.measure)
     if out is None:
         typer.echo(text, nl=False)
         return
@@ -311,6 +326,8 @@ def dump(
       attnviz dump "The cat sat on the mat" -o cat/
 
       attnviz dump "The cat sat on the mat" --layers 0,2-4 --heads 0-5 --float16 -o cat.npy
+
+      attnviz dump "The cat sat on the mat" --measure norm -o cat-norm/
 
       python -c "import numpy; print(numpy.load('cat/attention.npy').shape)"
 

@@ -320,6 +320,8 @@ def export(
 
       attnviz export --from cat/ --format svg -o figs/
 
+      attnviz export "The cat sat on the mat" --measure norm -o figs-norm/
+
       attnviz export --input texts.txt --batch-size 16 --html -o figs/
 
       attnviz export --input texts.txt --engine ray --workers 4 -o /shared/figs/
@@ -349,7 +351,8 @@ def export(
                             words=words, exclude_special=exclude_special, annot=annot,
                             top_k=top_k, figures=kinds, jobs=jobs, force=force,
                             batch_size=batch_size, html=html, scale=scale.value, gamma=gamma,
-                            vmax=parse_vmax(vmax), tokens=tokens, queries=queries, keys=keys)
+                            vmax=parse_vmax(vmax), tokens=tokens, queries=queries, keys=keys,
+                            measure=options.measure or "weights")
     plan.check()
     request = options.model_request(layers=_all_is_none(layers), heads=_all_is_none(heads))
     if text_list or input_file is not None:  # texts run the model: check it first, from its

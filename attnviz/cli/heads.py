@@ -124,6 +124,8 @@ HEADS_HELP = "\n\n".join([
     "  attnviz heads --input corpus.jsonl --engine ray --workers 4 --gpus-per-worker 0.5",
     "  attnviz heads \"The cat sat on the mat.\" --plot heads.png --stat entropy",
     "  attnviz heads \"A B C D\" --model toy --causal --toy-layers 2",
+    "  attnviz heads \"The cat sat on the mat.\" --measure norm   (rows scaled to sum to 1 "
+    "first)",
 ])
 
 
@@ -370,6 +372,9 @@ def heads_command(
         check_cmap(cmap)
     ray = ray_options(engine, ray_address, workers, gpus_per_worker, batch_size,
                       has_input=input_file is not None)
+    if ray is not None and (options.measure or "weights") != "weights":
+        raise UsageError("--measure is not available with --engine ray yet",
+                         "use --engine local (the default) for the statistics of a measure")
     ray_induction: list[Any] | None = None  # the induction test, when a Ray worker ran it
     if input_file is not None:
         if options.text is not None or options.from_path is not None:

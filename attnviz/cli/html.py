@@ -170,6 +170,8 @@ def html_command(
       attnviz html --from cat/ -o cat.html
 
       attnviz html --input sentences.txt --layers 0-2 -o sentences.html
+
+      attnviz html "The cat sat on the mat" --measure norm -o norm.html
     """
     if precision not in (8, 16):
         raise UsageError(f"--precision {precision} is not supported", "use 8 or 16")

@@ -56,6 +56,9 @@ ROLLOUT_HELP = "\n\n".join([
     "Writes the heatmap, the matrix (.npy, float32) and a bar chart of one token's row "
     "(--token), prints their paths and then that row's five largest entries. In a causal "
     "model rollout favours early tokens.",
+    "--measure combines that measure's per-layer matrices the same way (rollout or flow); the "
+    "rows of norm and norm-res-ln are amounts, so each head's rows are first scaled to sum to "
+    "1 (the command says so); alti and value-zeroing rows already sum to 1.",
     "--method flow computes attention flow instead (Abnar and Zuidema, 2020): the maximum flow "
     "from each top token to each input token through the graph whose edge capacities are the "
     "same matrices A, rows divided by their sums. It solves tokens^2 maximum-flow problems on "
@@ -66,6 +69,7 @@ ROLLOUT_HELP = "\n\n".join([
     "  attnviz rollout \"The cat sat on the mat\" --method flow --token cat",
     "  attnviz rollout \"The cat sat\" --head-fusion max --start-layer 2 -o roll.png",
     "  attnviz rollout --from cat/ --npy rollout.npy",
+    "  attnviz rollout \"The cat sat on the mat\" --measure norm",
 ])
 
 
@@ -92,7 +96,8 @@ def _default_path(capture: Capture) -> Path:
     slug = slugify(capture.text, 30)
     digest = short_hash(capture.text, capture.pair or "", capture.model, str(capture.causal),
                         length=6)
-    return Path(f"attention_{slug}_{digest}_rollout.png")
+    measure = "" if capture.measure == "weights" else f"_{capture.measure}"
+    return Path(f"attention_{slug}_{digest}_rollout{measure}.png")
 
 
 @app.command("rollout", help=ROLLOUT_HELP)
@@ -164,6 +169,9 @@ def rollout_command(
     bar_path = bar or out_path.with_name(
         f"{out_path.stem}_bar_{_token_slug(result.tokens, result.index)}{out_path.suffix}")
     check_distinct_outputs(out=out_path, npy=npy_path, bar=bar_path)
+    if not view.rows_sum_to_one:
+        warn(f"{view.measure} rows are amounts, not distributions: each head's rows were "
+             "scaled to sum to 1 before the heads were fused and the layers combined")
     if view.causal:
         warn("rollout on a causal model favours early tokens: every later token sees them, so "
              "the product of lower-triangular matrices piles weight on the first positions. "

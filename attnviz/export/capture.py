@@ -58,12 +58,14 @@ class TextCaptures:
         batch_size: texts per forward pass (1: one by one).
         note: called with a line to show (``"Loading NAME..."``).
         session: the engine (default: :func:`~attnviz.session.default_session`, on first use).
+        measure: ``weights`` or a measure of :mod:`attnviz.measures` to capture.
     """
 
     def __init__(self, spec: ModelSpec | None, *, max_tokens: int | None, truncate: bool,
                  use_cache: bool, batch_size: int, note: Callable[[str], None],
-                 session: Session | None = None) -> None:
+                 session: Session | None = None, measure: str = "weights") -> None:
         self.spec = spec
+        self.measure = measure
         self.max_tokens = max_tokens
         self.truncate = truncate
         self.use_cache = use_cache
@@ -92,7 +94,7 @@ class TextCaptures:
         with session.announcing(self._announce):
             capture = session.capture(text, pair, model=self.spec, max_tokens=self.max_tokens,
                                       truncate=self.truncate, use_cache=self.use_cache,
-                                      write_cache=False)
+                                      write_cache=False, measure=self.measure)
         self.loaded = self.loaded or session.is_loaded(self.spec)
         return capture
 
@@ -141,7 +143,7 @@ class TextCaptures:
                 for other, result in zip(batch, session.captures(
                         texts, model=self.spec, batch_size=self.batch_size,
                         max_tokens=self.max_tokens, truncate=self.truncate,
-                        use_cache=self.use_cache, write_cache=False)):
+                        use_cache=self.use_cache, write_cache=False, measure=self.measure)):
                     self._prefetched[id(other)] = (other, result)
             self.loaded = self.loaded or session.is_loaded(self.spec)
         except InputError:

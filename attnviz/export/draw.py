@@ -318,5 +318,6 @@ def write_topk(folder: Path, capture: Capture, options: ExportOptions) -> bool:
 
     _write(folder / TOPK_CSV, topk_csv(np.asarray(view.weights), list(view.layers),
                                        list(view.heads), piece_labels(view), options.top_k,
-                                       causal=view.causal).encode("utf-8"))
+                                       causal=view.causal, measure=view.measure
+                                       ).encode("utf-8"))
     return True

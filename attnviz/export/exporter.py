@@ -104,7 +104,8 @@ class Exporter:
         self.settings = options.settings()
         self.captures = TextCaptures(spec, max_tokens=max_tokens, truncate=truncate,
                                      use_cache=use_cache, batch_size=options.batch_size,
-                                     note=progress.note, session=session)
+                                     note=progress.note, session=session,
+                                     measure=options.measure)
         self._pool: ProcessPoolExecutor | None = None
         self._seen: dict[str, str] = {}
         self._pending: collections.deque[_Pending | _Ready] = collections.deque()

@@ -222,6 +222,8 @@ class ExportOptions:
             figure's largest weight; ``1.0``: the fixed 0..1 scale).
         tokens, queries, keys: windows of every figure (``"10:40"``, ``"bank:loan"``; see
             ``attnviz.analysis.tokens.parse_window``).
+        measure: what the texts' figures show: ``weights`` or a measure of
+            :mod:`attnviz.measures` (``norm``...); saved captures show what they hold.
     """
 
     fmt: str = "png"
@@ -244,6 +246,7 @@ class ExportOptions:
     tokens: str | None = None
     queries: str | None = None
     keys: str | None = None
+    measure: str = "weights"
 
     def check(self) -> None:
         """Raise :class:`UsageError` for impossible values."""
@@ -275,13 +278,18 @@ class ExportOptions:
         for option, spec in (("--tokens", self.tokens), ("--queries", self.queries),
                              ("--keys", self.keys)):
             check_window_syntax(spec, option)
+        from attnviz.measures import check_measure
+
+        self.measure = check_measure(self.measure)
 
     def settings(self) -> dict[str, Any]:
         """What decides the files' content (a re-run with other settings redraws).
 
         ``batch_size`` and ``html`` are left out: they change no text's files.
         """
+        measure = {} if self.measure == "weights" else {"measure": self.measure}
         return {
+            **measure,
             "format": self.fmt, "dpi": self.dpi, "cmap": self.cmap,
             "layers": normal_selection(self.layers), "heads": normal_selection(self.heads),
             "words": self.words, "exclude_special": self.exclude_special,

@@ -114,16 +114,19 @@ def load_source(spec: ModelSpec | str | None = None) -> AttentionSource:
 def capture_many(source: AttentionSource, texts: Sequence[str],
                  pairs: Sequence[str | None] | None = None, *, batch_size: int = 8,
                  layers: list[int] | None = None, heads: list[int] | None = None,
-                 max_tokens: int | None = None, truncate: bool = True) -> Iterator[Capture]:
+                 max_tokens: int | None = None, truncate: bool = True,
+                 measure: str = "weights") -> Iterator[Capture]:
     """One capture per text, in order: in padded batches when the source supports it.
 
     Hugging Face sources run ``batch_size`` texts per forward pass
     (:meth:`~attnviz.models.hf.HFSource.iter_captures`); other sources capture one by one.
+    A ``measure`` other than weights is passed on (sources that have only attention refuse it).
     """
+    extra = {} if measure == "weights" else {"measure": measure}
     batched = getattr(source, "iter_captures", None)
     if callable(batched):
         yield from batched(texts, pairs, batch_size=batch_size, layers=layers, heads=heads,
-                           max_tokens=max_tokens, truncate=truncate)
+                           max_tokens=max_tokens, truncate=truncate, **extra)
         return
     pair_list = [None] * len(texts) if pairs is None else list(pairs)
     if len(pair_list) != len(texts):
@@ -132,7 +135,7 @@ def capture_many(source: AttentionSource, texts: Sequence[str],
         raise UsageError(f"got {len(texts)} texts but {len(pair_list)} pairs")
     for text, pair in zip(texts, pair_list):
         yield source.capture(text, pair, layers=layers, heads=heads, max_tokens=max_tokens,
-                             truncate=truncate)
+                             truncate=truncate, **extra)
 
 
 # --------------------------------------------------------------------------- names and shapes

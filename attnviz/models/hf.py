@@ -575,7 +575,8 @@ class HFSource:
 
     def capture(self, text: str, pair: str | None = None, *, layers: list[int] | None = None,
                 heads: list[int] | None = None, max_tokens: int | None = None,
-                truncate: bool = True, allocate: Allocator | None = None) -> Capture:
+                truncate: bool = True, allocate: Allocator | None = None,
+                measure: str = "weights") -> Capture:
         """Run the model on ``text`` (and ``pair``) and return the capture.
 
         Args:
@@ -589,29 +590,44 @@ class HFSource:
                 known; returns the array to fill (e.g. a float16 memory-map, see
                 :mod:`attnviz.stream`). Each layer is written as soon as it has run. Default:
                 a float32 array in memory.
+            measure: ``weights`` (attention), or a measure of :mod:`attnviz.measures`
+                computed after the usual pass and kept with the same selection.
 
         Raises:
             InputError: empty or too long text, or a capture bigger than free memory.
             ModelLoadError: the forward pass failed or returned no weights.
         """
+        from attnviz.measures import check_supported
+        from attnviz.models._measure import fill_measure, measure_meta
+
+        measure = check_supported(measure, self.config)  # before the pass: a model type it fits
         enc, warnings = self.encode(text, pair, max_tokens, truncate)
         keep_layers, keep_heads = self._selection(layers, heads)
         size = int(enc["input_ids"].shape[1])
         shape = (len(keep_layers), len(keep_heads), size, size)
+        # A measure is computed for every layer and head before the selection is kept.
+        every = [(self.num_layers, self.num_heads, size, size)] if measure != "weights" else []
         if allocate is None:
-            self._check_memory([shape])
+            self._check_memory([shape, *every])
             weights = np.empty(shape, dtype=np.float32)
         else:
+            self._check_memory(every)
             weights = allocate(shape)
         (causal,) = self._fill(enc, keep_layers, keep_heads, [weights], [(0, size)])
+        if measure != "weights":
+            fill_measure(measure, self.model, self._model_inputs(enc), self.config,
+                         keep_layers, keep_heads, weights, name=self.name)
         tokens, word_ids, special = self.tokens_of(enc)
-        return self._make_capture(text, pair, tokens, word_ids, special, weights, keep_layers,
-                                  keep_heads, causal, warnings)
+        capture = self._make_capture(text, pair, tokens, word_ids, special, weights,
+                                     keep_layers, keep_heads, causal, warnings)
+        capture.meta.update(measure_meta(measure))
+        return capture
 
     def capture_batch(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None, *,
                       batch_size: int = 8, layers: list[int] | None = None,
                       heads: list[int] | None = None, max_tokens: int | None = None,
-                      truncate: bool = True, padding_side: str = "right") -> list[Capture]:
+                      truncate: bool = True, padding_side: str = "right",
+                      measure: str = "weights") -> list[Capture]:
         """Capture many texts, ``batch_size`` at a time; one capture per text, in order.
 
         Each capture equals the unbatched :meth:`capture` of its text within 1e-5: padded
@@ -619,12 +635,13 @@ class HFSource:
         """
         return list(self.iter_captures(texts, pairs, batch_size=batch_size, layers=layers,
                                        heads=heads, max_tokens=max_tokens, truncate=truncate,
-                                       padding_side=padding_side))
+                                       padding_side=padding_side, measure=measure))
 
     def iter_captures(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None, *,
                       batch_size: int = 8, layers: list[int] | None = None,
                       heads: list[int] | None = None, max_tokens: int | None = None,
-                      truncate: bool = True, padding_side: str = "right") -> Iterator[Capture]:
+                      truncate: bool = True, padding_side: str = "right",
+                      measure: str = "weights") -> Iterator[Capture]:
         """Yield one capture per text, in input order, running the model in padded batches.
 
         Every text is checked (empty, too long) before the first batch runs. Texts are sorted
@@ -639,6 +656,8 @@ class HFSource:
             padding_side: ``right`` or ``left``. Left padding passes each row's own position
                 ids; models that take none, or derive them from the padding token (RoBERTa),
                 are padded on the right instead. Both give the same weights.
+            measure: as in :meth:`capture`; a measure other than weights runs text by text
+                (its computation takes one unpadded text).
 
         Raises:
             UsageError: bad ``batch_size``, ``padding_side`` or ``pairs`` length.
@@ -655,6 +674,15 @@ class HFSource:
         if padding_side == "left" and ("position_ids" not in self._forward_params
                                        or self.model_type in _POSITIONS_FROM_IDS):
             padding_side = "right"  # right padding never moves a real token's position
+        from attnviz.measures import check_measure
+
+        if check_measure(measure) != "weights":  # every text checked before the first runs
+            _ = [self._check_length(t, p, *self._limit(max_tokens), truncate)
+                 for t, p in zip(texts, pair_list)]
+            yield from (self.capture(t, p, layers=layers, heads=heads, max_tokens=max_tokens,
+                                     truncate=truncate, measure=measure)
+                        for t, p in zip(texts, pair_list))
+            return
         keep_layers, keep_heads = self._selection(layers, heads)
         limit, whose = self._limit(max_tokens)
         count = len(texts)

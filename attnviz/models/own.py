@@ -253,7 +253,7 @@ def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
             layers: str | int | Sequence[int] | None = None,
             heads: str | int | Sequence[int] | None = None,
             max_tokens: int | None = None, truncate: bool = True,
-            name: str | None = None) -> Capture:
+            name: str | None = None, measure: str = "weights") -> Capture:
     """Capture the attention of a model you already hold on ``text`` (and ``pair``).
 
     The model is neither reloaded nor moved; for the call it runs with eager attention and in
@@ -271,6 +271,8 @@ def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
         max_tokens: token limit; ``truncate`` whether to cut past it (with a warning in
             ``capture.meta["warnings"]``) or raise :class:`~attnviz.errors.InputError`.
         name: the model's name in the capture; default ``config._name_or_path``.
+        measure: ``weights`` (attention) or a measure of :mod:`attnviz.measures` (``norm``,
+            ``norm-res-ln``, ``alti``, ``value-zeroing``), computed from the same model.
 
     Returns:
         The capture, weights ``[layer, head, query, key]`` in float32.
@@ -282,7 +284,9 @@ def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
         ModelLoadError: the model cannot give attention weights (e.g. a fused kernel only).
     """
     from attnviz.checks import _checked_request, _resolve
+    from attnviz.models._measure import check_measure_for
 
+    measure = check_measure_for("", measure)
     # Texts, selections (floats, booleans, strings in lists, [] refused) and max_tokens.
     layer_text, head_text = _checked_request(text, pair, layers, heads, max_tokens)
     _check_objects(model, tokenizer)
@@ -292,7 +296,7 @@ def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,
         layer_list, head_list = _resolve(source, layer_text, head_text)
         try:
             result = source.capture(text, pair, layers=layer_list, heads=head_list,
-                                    max_tokens=max_tokens, truncate=truncate)
+                                    max_tokens=max_tokens, truncate=truncate, measure=measure)
         except ModelLoadError as error:
             switched = before not in (None, EAGER)
             note = (f" (the model runs with {before!r} attention and was switched to eager "

@@ -180,7 +180,7 @@ class ToySource:
 
     def capture(self, text: str, pair: str | None = None, *, layers: list[int] | None = None,
                 heads: list[int] | None = None, max_tokens: int | None = None,
-                truncate: bool = True) -> Capture:
+                truncate: bool = True, measure: str = "weights") -> Capture:
         """Run the toy model on ``text`` (and ``pair``) and return the capture.
 
         Past the limit (:data:`DEFAULT_MAX_TOKENS` words, or ``max_tokens`` when given, which
@@ -190,8 +190,12 @@ class ToySource:
         Raises:
             InputError: no words, too many words with ``truncate=False``, or a capture that
                 would not fit in free memory.
+            UsageError: a ``measure`` other than ``weights`` (the toy model has attention only).
         """
+        from attnviz.models._measure import check_measure_for
         from attnviz.models._torch import to_numpy
+
+        check_measure_for(self.name, measure)
 
         words = split_words(text)
         second = split_words(pair) if pair is not None else []

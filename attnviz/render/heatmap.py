@@ -168,7 +168,7 @@ def head_title(capture: Any, layer: int, head: int | str, suffix: str = "") -> s
     shown = resolve_index(layer, capture.num_layers, "layer")
     label = head_label(capture, head)
     named = label if head == "mean" else f"head {label}"  # "mean of all heads", not "head mean.."
-    return f"{capture.model_label}: layer {shown}, {named}{suffix}"
+    return f"{capture.title_start}layer {shown}, {named}{suffix}"
 
 
 def layer_title(capture: Any, layer: int, suffix: str = "") -> str:
@@ -177,7 +177,7 @@ def layer_title(capture: Any, layer: int, suffix: str = "") -> str:
 
     heads = ("all heads" if len(capture.heads) == capture.num_heads
              else f"heads {format_indices(capture.heads)}")
-    return f"{capture.model_label}: layer {layer}, {heads}{suffix}"
+    return f"{capture.title_start}layer {layer}, {heads}{suffix}"
 
 
 def overview_title(capture: Any, suffix: str = "") -> str:
@@ -188,7 +188,7 @@ def overview_title(capture: Any, suffix: str = "") -> str:
         what = "every layer and head"
     else:
         what = f"layers {format_indices(capture.layers)}, heads {format_indices(capture.heads)}"
-    return f"{capture.model_label}: {what}{suffix}"
+    return f"{capture.title_start}{what}{suffix}"
 
 
 def capture_head_figure(capture: Any, layer: int, head: int | str = "mean", *,

@@ -117,20 +117,32 @@ def encode_weights(weights: np.ndarray, bits: int = DEFAULT_PRECISION, *,
     ``fast`` compresses for speed (a live server, where the time to answer matters more than
     bytes): blocks past 1 MiB are stored uncompressed (zlib level 0), smaller ones at level 1;
     otherwise level 6. The decoder reads either.
+
+    Values above 1 (a measure such as ``norm``, whose values are amounts, not weights) are
+    divided by the largest value before they are quantised, and the block's ``range`` says by
+    how much, so the decoders multiply it back; attention weights never need it.
     """
+    weights = np.asarray(weights)
+    largest = float(np.max(weights, initial=0.0))
+    spread = largest if largest > 1.001 else None
+    if spread is not None:
+        weights = np.asarray(weights, dtype=np.float64) / spread
     quantised = np.ascontiguousarray(quantise(weights, bits))
     if bits == 8:
         raw = quantised.tobytes()
     else:  # byte planes: low bytes first, then high bytes
         pairs = quantised.astype("<u2").view(np.uint8).reshape(-1, 2)
         raw = np.ascontiguousarray(pairs.T).tobytes()
-    return {
+    block: dict[str, Any] = {
         "encoding": "zlib-base64",
         "bits": bits,
         "layout": "bytes" if bits == 8 else "byte-planes-le",
         "shape": [int(n) for n in quantised.shape],
         "data": base64.b64encode(zlib.compress(raw, _level(len(raw), fast))).decode("ascii"),
     }
+    if spread is not None:
+        block["range"] = spread
+    return block
 
 
 def _level(size: int, fast: bool) -> int:
@@ -150,7 +162,9 @@ def decode_weights(block: dict[str, Any]) -> np.ndarray:
     else:
         planes = np.frombuffer(raw, dtype=np.uint8, count=2 * count).reshape(2, count)
         values = planes[0].astype(np.uint16) | (planes[1].astype(np.uint16) << 8)
-    return dequantise(values.reshape(shape), bits)
+    values = dequantise(values.reshape(shape), bits)
+    spread = block.get("range")
+    return values if spread is None else (values * np.float32(spread)).astype(np.float32)
 
 
 def _check_precision(bits: int) -> None:
@@ -222,9 +236,12 @@ def doc_data(capture: Capture, *, precision: int = DEFAULT_PRECISION) -> dict[st
             f"the capture of {capture.num_tokens} tokens holds {math.prod(shape):,} weights "
             f"({shape[0]} layers x {shape[1]} heads), too many for a browser report",
             "keep fewer layers or heads with --layers/--heads, or fewer tokens with --max-tokens")
+    measure = {} if capture.measure == "weights" else {
+        "measure": capture.measure, "measure_label": capture.measure_label}
     return {
         "model": capture.model,
         "model_label": capture.model_label,
+        **measure,
         "text": capture.text,
         "pair": capture.pair,
         "causal": bool(capture.causal),
@@ -247,7 +264,8 @@ def default_title(captures: Sequence[Capture]) -> str:
     if len(captures) == 1:
         text = " ".join(captures[0].text.split())
         short = text if len(text) <= 60 else text[:59] + "\u2026"
-        return f"attnviz: {captures[0].model}: {short}"
+        measure = captures[0].measure_label
+        return f"attnviz: {captures[0].model}{', ' + measure if measure else ''}: {short}"
     return f"attnviz: {len(captures)} texts"
 
 

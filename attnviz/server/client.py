@@ -489,25 +489,30 @@ class RemoteSession(Session):
                 model: str | ModelSpec | None = None, layers: Selection = None,
                 heads: Selection = None, max_tokens: int | None = None,
                 truncate: bool = True, use_cache: bool | None = None,
-                write_cache: bool = True, **options: Any) -> Capture:
+                write_cache: bool = True, measure: str = "weights", **options: Any) -> Capture:
         """The capture of ``text`` from the server, weights exact (float32).
 
         The arguments are those of :meth:`attnviz.session.Session.capture`; the cache options
         are the server's business and are ignored here.
         """
+        from attnviz.models._measure import check_measure_for
+
         spec = self._spec(model, **options)
+        measure = check_measure_for(spec.name, measure)
         layer_text, head_text = _checked_request(text, pair, layers, heads, max_tokens)
         body = {**self._model_fields(spec), "text": text, "pair": pair,
                 "layers": layer_text, "heads": head_text,
                 "max_tokens": max_tokens, "truncate": truncate, "weights": "float32"}
+        if measure != "weights":  # a server of an earlier version knows attention only
+            body["measure"] = measure
         payload = self.request("POST", "/api/capture", body)
         self.forwards += 1
         capture = capture_from_payload(payload)
-        self._check_answer(capture, spec, text, pair, layer_text, head_text)
+        self._check_answer(capture, spec, text, pair, layer_text, head_text, measure)
         return capture
 
     def _check_answer(self, capture: Capture, spec: ModelSpec, text: str, pair: str | None,
-                      layers: str | None, heads: str | None) -> None:
+                      layers: str | None, heads: str | None, measure: str = "weights") -> None:
         """Refuse a capture of something else than was asked for: another text or pair,
         other layers or heads, or another shape than the server said its model has.
 
@@ -522,6 +527,8 @@ class RemoteSession(Session):
         if capture.pair != pair:
             wrong.append("its pair is not the pair sent" if pair is not None
                          else "it holds a pair although none was sent")
+        if capture.measure != measure:
+            wrong.append(f"it holds the measure {capture.measure}, not {measure}")
         known = self._sources.get(spec_key(spec))
         if known is not None and (capture.num_layers, capture.num_heads) != (
                 known.num_layers, known.num_heads):
@@ -545,19 +552,20 @@ class RemoteSession(Session):
              model: str | ModelSpec | None = None, layers: Selection = None,
              heads: Selection = None, max_tokens: int | None = None, truncate: bool = True,
              float16: bool = False, use_cache: bool | None = None, write_cache: bool = True,
-             **options: Any) -> tuple[Path, Capture]:
+             measure: str = "weights", **options: Any) -> tuple[Path, Capture]:
         """Capture ``text`` on the server and write the record to ``path`` (``attnviz dump``)."""
         from attnviz.stream import write_capture
 
         capture = self.capture(text, pair, model=model, layers=layers, heads=heads,
-                               max_tokens=max_tokens, truncate=truncate, **options)
+                               max_tokens=max_tokens, truncate=truncate, measure=measure,
+                               **options)
         return write_capture(capture, path, float16=float16), capture
 
     def _captures(self, texts: Sequence[tuple[str, str | None]], *,
                   model: str | ModelSpec | None, batch_size: int, layers: Selection,
                   heads: Selection, max_tokens: int | None, truncate: bool,
                   use_cache: bool | None, write_cache: bool,
-                  check: Callable[[str, str | None], None] | None
+                  check: Callable[[str, str | None], None] | None, measure: str = "weights"
                   ) -> Iterator[Capture | InputError]:
         """:meth:`Session.captures` over the server: one request per ``(text, pair)``, in
         order (the server runs one forward at a time per model)."""
@@ -566,7 +574,7 @@ class RemoteSession(Session):
                 if check is not None:
                     check(text, pair)
                 yield self.capture(text, pair, model=model, layers=layers, heads=heads,
-                                   max_tokens=max_tokens, truncate=truncate)
+                                   max_tokens=max_tokens, truncate=truncate, measure=measure)
             except InputError as error:
                 yield error
 
@@ -610,9 +618,9 @@ class RemoteSource:
 
     def capture(self, text: str, pair: str | None = None, *, layers: list[int] | None = None,
                 heads: list[int] | None = None, max_tokens: int | None = None,
-                truncate: bool = True) -> Capture:
+                truncate: bool = True, measure: str = "weights") -> Capture:
         return self._session.capture(text, pair, model=self._spec, layers=layers, heads=heads,
-                                     max_tokens=max_tokens, truncate=truncate)
+                                     max_tokens=max_tokens, truncate=truncate, measure=measure)
 
     def _induction_info(self, key: str) -> Any:
         if key not in self._induction:

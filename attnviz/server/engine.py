@@ -124,6 +124,7 @@ class CaptureParams:
     heads: str | None
     max_tokens: int
     truncate: bool
+    measure: str = "weights"
 
     @property
     def model_key(self) -> str:
@@ -133,7 +134,7 @@ class CaptureParams:
 
     def cache_key(self) -> tuple[Any, ...]:
         return (self.model_key, self.text, self.pair, self.layers, self.heads, self.max_tokens,
-                self.truncate)
+                self.truncate, self.measure)
 
 
 # --------------------------------------------------------------------------- the engine
@@ -376,7 +377,7 @@ class Engine:
                            "higher --max-tokens")
         return CaptureParams(spec=spec, text=text, pair=pair, layers=request.layers,
                              heads=request.heads, max_tokens=max_tokens or limits.max_tokens,
-                             truncate=request.truncate)
+                             truncate=request.truncate, measure=request.measure)
 
     def capture(self, params: CaptureParams) -> Capture:
         """The capture a request asks for: from memory, else from the warm model (blocking)."""
@@ -396,7 +397,7 @@ class Engine:
         capture = self.session.capture(params.text, params.pair, model=params.spec,
                                        layers=params.layers, heads=params.heads,
                                        max_tokens=params.max_tokens, truncate=params.truncate,
-                                       use_cache=False)
+                                       use_cache=False, measure=params.measure)
         shape = capture.weights.shape
         self._refuse_size(capture.num_tokens, shape[0], shape[1])
         self.captures.put(key, capture)

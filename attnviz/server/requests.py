@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from attnviz.errors import AttnvizError
+from attnviz.measures import MEASURES
 
 MAX_LIST = 4096  # items in a layer or head list of a request
 MAX_IDS = 8192  # token positions in an induction request
@@ -248,6 +249,7 @@ class CaptureRequest(_Request):
     layers: Layers = None
     heads: Layers = None
     truncate: Flag = True
+    measure: Annotated[str, one_of(*MEASURES)] = "weights"
 
 
 class WeightsRequest(CaptureRequest):

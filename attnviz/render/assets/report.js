@@ -325,7 +325,8 @@ function attnvizMount(root, DATA, options) {
     if (values.length !== count || bytes.length !== count * (block.bits / 8)) {
       throw new Error("the weights are damaged: expected " + count + " values");
     }
-    return { index, meta, L, H, T, values, bits: block.bits, top: Math.pow(2, block.bits) - 1, units: new Map() };
+    // A measure's values above 1 (norm) were divided by block.range before quantisation.
+    return { index, meta, L, H, T, values, bits: block.bits, top: (Math.pow(2, block.bits) - 1) / (block.range || 1), units: new Map() };
   }
 
   function loadDoc(index) {
@@ -452,6 +453,22 @@ function attnvizMount(root, DATA, options) {
   }
 
   // "model: layer 3, head 7 (notes)"; several heads are a mean in the heatmap, a set elsewhere.
+  // "minilm: " or, for a measure other than attention weights, "minilm: norm ||αf(x)||, ".
+  function titleStart(meta) {
+    const label = measureLabel(meta);
+    return modelName(meta) + ": " + (label ? label + ", " : "");
+  }
+
+  // A report's document names its measure (measure_label); a live capture keeps it in the
+  // sidecar's meta (measure, measure_conventions.label). "" for attention weights.
+  function measureLabel(meta) {
+    if (meta.measure_label) return meta.measure_label;
+    const inner = meta.meta || {};
+    if (!inner.measure || inner.measure === "weights") return "";
+    const conventions = inner.measure_conventions || {};
+    return conventions.label || inner.measure;
+  }
+
   function selectionTitle(asMean) {
     const meta = current.meta;
     const layer = "layer " + meta.layers[state.layer];
@@ -462,7 +479,7 @@ function attnvizMount(root, DATA, options) {
     else if (state.heads.length === current.H) heads = what + "all " + current.H + " heads";
     else heads = what + "heads " + state.heads.map((h) => meta.heads[h]).join(", ");
     const extra = notes();
-    return modelName(meta) + ": " + layer + ", " + heads + (extra.length ? " (" + extra.join("; ") + ")" : "");
+    return titleStart(meta) + layer + ", " + heads + (extra.length ? " (" + extra.join("; ") + ")" : "");
   }
 
   // ------------------------------------------------------------------ tooltip
@@ -835,7 +852,7 @@ function attnvizMount(root, DATA, options) {
     ctx.font = "600 13px system-ui, sans-serif";
     ctx.textBaseline = "middle";
     const extra = notes();
-    ctx.fillText(modelName(meta) + ": every layer and head" + (extra.length ? " (" + extra.join("; ") + ")" : ""), 6, 14);
+    ctx.fillText(titleStart(meta) + "every layer and head" + (extra.length ? " (" + extra.join("; ") + ")" : ""), 6, 14);
     ctx.font = "11px system-ui, sans-serif";
     ctx.fillStyle = "#5f6670";
     ctx.textAlign = "center";
@@ -1103,7 +1120,7 @@ function attnvizMount(root, DATA, options) {
     const parts = [el("span", "", modelName(meta) + " \u00b7 " + meta.tokens.length + " tokens \u00b7 " +
       meta.layers.length + " of " + meta.num_layers + " layers \u00b7 " + meta.heads.length + " of " +
       meta.num_heads + " heads" + (meta.causal ? " \u00b7 causal" : "") + " \u00b7 " +
-      current.bits + "-bit weights \u00b7 text: ")];
+      current.bits + "-bit " + (measureLabel(meta) || "weights") + " \u00b7 text: ")];
     const full = meta.pair !== null && meta.pair !== undefined ? meta.text + "  |  " + meta.pair : meta.text;
     const text = el("span", "text", full);
     if (full.length > 240) {

@@ -19,6 +19,7 @@
   const PANEL_DEBOUNCE_MS = 60;
   const ROW_K = 10;
   const SELECTION_KEYS = ["view", "layer", "heads", "words", "special", "scale", "gamma", "vmax"];
+  const MEASURES = ["weights", "norm", "norm-res-ln", "alti", "value-zeroing"]; // attnviz.measures
   const byId = (id) => document.getElementById(id);
 
   const live = {
@@ -28,6 +29,7 @@
     models: [],
     allowAny: false,
     toy: { scale: true, causal: false },
+    measure: "weights", // or a measure of attnviz.measures (Hugging Face models only)
     k: 3,
     selection: {}, // as report.js reports it: view, layer, heads (model indices), words, ...
     query: null, // the clicked token (position in the units on screen)
@@ -142,6 +144,7 @@
     live.model = params.get("model") || "";
     live.toy.scale = params.get("toy_scale") !== "0";
     live.toy.causal = params.get("toy_causal") === "1";
+    live.measure = MEASURES.includes(params.get("measure")) ? params.get("measure") : "weights";
     const k = Number(params.get("k"));
     live.k = Number.isInteger(k) && k >= 1 && k <= 20 ? k : 3;
     const selection = {};
@@ -165,6 +168,7 @@
     if (live.pair) params.set("pair", live.pair);
     if (isToy() && !live.toy.scale) params.set("toy_scale", "0");
     if (isToy() && live.toy.causal) params.set("toy_causal", "1");
+    if (!isToy() && live.measure !== "weights") params.set("measure", live.measure);
     if (live.k !== 3) params.set("k", String(live.k));
     for (const key of SELECTION_KEYS) {
       const value = live.selection[key];
@@ -187,6 +191,7 @@
   function captureFields() {
     const fields = Object.assign({ text: live.text }, modelFields());
     if (live.pair.trim()) fields.pair = live.pair;
+    if (!isToy() && live.measure !== "weights") fields.measure = live.measure;
     return fields;
   }
 
@@ -565,6 +570,8 @@
     byId("toy-options").hidden = !isToy();
     byId("toy-scale").checked = live.toy.scale;
     byId("toy-causal").checked = live.toy.causal;
+    byId("measure-option").hidden = isToy(); // the toy model has attention weights only
+    byId("measure").value = live.measure;
   }
 
   // ------------------------------------------------------------------ wiring
@@ -591,6 +598,12 @@
       delete live.selection.layer;
       delete live.selection.heads;
       syncToy();
+      writeAddress();
+      schedule(0);
+    });
+    byId("measure").addEventListener("change", (event) => {
+      live.measure = event.target.value;
+      live.query = null;
       writeAddress();
       schedule(0);
     });
