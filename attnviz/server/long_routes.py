@@ -9,7 +9,8 @@ crosses the wire. Every route takes a JSON body (``POST``, as the rest of the AP
     POST /api/long/capture   {text, pair?, model?, layers?, max_tokens?, truncate?, dtype?}
                              -> {"id", "model", "text", "pair", "tokens", "display_tokens",
                                  "layers", "num_layers", "num_heads", "num_kv_heads",
-                                 "num_tokens", "causal", "window", "dtype", "warnings"}
+                                 "num_tokens", "causal", "window", "dtype", "warnings",
+                                 "max_weights"}
     POST /api/long/tile      {id, layer, head, q0, q1, k0, k1}
                              -> {"shape": [rows, cols], "weights": base64 float32}
     POST /api/long/atlas     {id, layer, head, block}  (head: index or "mean")
@@ -189,10 +190,11 @@ def _head_value(head: int | str | list[int]) -> int | str:
     return head
 
 
-def describe(key: str, cap: LongCapture) -> dict[str, Any]:
-    """What ``/api/long/capture`` answers: the capture's id, tokens and shape."""
-    return {"id": key, "model": cap.model, "text": cap.text, "pair": cap.pair,
-            "tokens": cap.tokens, "display_tokens": cap.display_tokens,
+def describe(key: str, cap: LongCapture, max_weights: int) -> dict[str, Any]:
+    """What ``/api/long/capture`` answers: the capture's id, tokens and shape, and the most
+    values one answer about it holds."""
+    return {"id": key, "max_weights": max_weights, "model": cap.model, "text": cap.text,
+            "pair": cap.pair, "tokens": cap.tokens, "display_tokens": cap.display_tokens,
             "word_ids": cap.word_ids, "special": cap.special, "layers": cap.layers,
             "num_layers": cap.num_layers, "num_heads": cap.num_heads,
             "num_kv_heads": cap.num_kv_heads, "num_tokens": cap.num_tokens,
@@ -272,7 +274,7 @@ def long_routes(engine: Engine, run: Any, read: Any, endpoint: Any, to_json: Any
                     body.text, body.pair, model=spec, layers=body.layers,
                     max_tokens=max_tokens, truncate=body.truncate, dtype=body.dtype)
                 store.put(key, held)
-            return describe(key, held)
+            return describe(key, held, limits.long_max_weights)
 
         return to_json(await run(spec_key(spec), work, spec))
 
