@@ -354,3 +354,43 @@ def test_a_real_process(llama_dir: Path, long_text: str, tmp_path: Path,
     query, _, rank, key, _, weight = lines[-1].split(",")
     i, j = int(query), int(key)
     assert rank == "2" and float(weight) == pytest.approx(full_weights[0, 3, i, j], abs=TOL)
+
+
+# --------------------------------------------------------------------------- export
+def test_export_long_writes_atlas_topk_and_statistics(invoke: Any, llama_dir: Path,
+                                                      long_text: str, tmp_path: Path,
+                                                      full_weights: np.ndarray) -> None:
+    import csv
+
+    from PIL import Image
+
+    out = tmp_path / "figs"
+    dump = tmp_path / "book"
+    _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "-o", str(dump),
+               input=long_text))
+    result = _ok(invoke("export", "--from", str(dump), "--model", str(llama_dir), "--long",
+                        "-k", "2", "-o", str(out)))
+    assert "1 exported" in result.stdout
+    index = json.loads((out / "index.json").read_text())
+    entry, = index["texts"]
+    folder = out / entry["folder"]
+    manifest = json.loads((folder / "export.json").read_text())
+    assert manifest["complete"] and manifest["long"]
+    assert sorted(manifest["files"]) == sorted(["overview.png", "layers/L00.png",
+                                                "layers/L01.png", "topk.csv", "heads.csv",
+                                                "sinks.json"])
+    assert Image.open(folder / "overview.png").size[0] > 300
+    with open(folder / "topk.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    T = full_weights.shape[-1]
+    assert len(rows) == 2 * 4 * (2 * T - 1)  # query 0 of a causal model sees one key
+    for row in rows[:: len(rows) // 50]:
+        weight = full_weights[int(row["layer"]), int(row["head"]), int(row["query_index"]),
+                              int(row["key_index"])]
+        assert float(row["weight"]) == pytest.approx(weight, abs=TOL)
+    with open(folder / "heads.csv", newline="") as handle:
+        heads = list(csv.DictReader(handle))
+    assert len(heads) == 8 and "entropy" in heads[0]
+    bad = invoke("export", "The cat", "--model", str(llama_dir), "--long", "--words",
+                 "-o", str(tmp_path / "x"))
+    assert bad.exit_code == 2 and "--words and --exclude-special do not apply" in bad.stderr
