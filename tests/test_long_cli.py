@@ -394,3 +394,57 @@ def test_export_long_writes_atlas_topk_and_statistics(invoke: Any, llama_dir: Pa
     bad = invoke("export", "The cat", "--model", str(llama_dir), "--long", "--words",
                  "-o", str(tmp_path / "x"))
     assert bad.exit_code == 2 and "--words and --exclude-special do not apply" in bad.stderr
+
+
+# --------------------------------------------------------------------------- README's claims
+def test_readme_claims(monkeypatch: pytest.MonkeyPatch, llama_dir: Path, long_text: str,
+                       invoke: Any) -> None:
+    import psutil
+
+    import attnviz.cli._long as cli_long
+    import attnviz.render.atlas as atlas
+    from attnviz.long_session import full_bytes, max_full_bytes
+    from attnviz.request import CaptureRequest
+    from attnviz.server.engine import Limits
+    from attnviz.session import Session
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Long contexts and LLMs", 1)[1].split("\n## ", 1)[0]
+    assert full_bytes(32, 32, 8192) // 2 // 10**9 == 137 and "137 GB" in section
+    # The default limit: a quarter of the free memory.
+    free = type("Free", (), {"available": 40 << 30})()
+    monkeypatch.delenv("ATTNVIZ_MAX_FULL_MB", raising=False)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
+    assert max_full_bytes() == 10 << 30 and "a quarter of the\n  free memory" in section
+    # Blocks: powers of two from 16, at most 256 a side for a head and 64 in a grid.
+    assert [atlas.block_size(t, atlas.HEAD_BLOCKS) for t in (100, 4096, 4097, 100_000)] == \
+        [16, 16, 32, 512]
+    assert atlas.block_size(100_000, atlas.GRID_BLOCKS) == 2048
+    assert "at most 4096 tokens a\n  side" in section and atlas.MAX_TILE_TOKENS == 4096
+    assert cli_long.MAX_LONG_K == 100 and "`-k` at most 100" in section
+    limits = Limits()
+    assert limits.long_keep == 4 and limits.long_max_weights == 4 << 20
+    assert "last 4 long captures" in section and "4 Mi values" in section
+    # --no-long never takes the long path, whatever the limit.
+    monkeypatch.setenv("ATTNVIZ_MAX_FULL_MB", "1")
+    result = _ok(invoke("top-k", "-", "--model", str(llama_dir), "--no-long", "-l", "0",
+                        "--head", "0", "-f", "csv", input=long_text))
+    assert "long" not in result.stderr
+    # Long captures are not kept in the capture cache: a second run captures again.
+    session = Session(use_cache=True)
+    request = CaptureRequest(text=long_text, model=str(llama_dir), long=True, layers="0")
+    session.run(request)
+    session.run(request)
+    assert session.forwards == 2 and "not kept in the capture cache" in section
+
+
+def test_a_window_wider_than_the_bound_is_refused(invoke: Any, llama_dir: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnviz.render.atlas as atlas
+
+    monkeypatch.setattr(atlas, "MAX_TILE_TOKENS", 50)
+    result = invoke("heatmap", "-", "--model", str(llama_dir), "--long", "-l", "0", "--head",
+                    "0", "--tokens", "0:60", input="The cat sat on the mat " * 20)
+    assert result.exit_code == 2
+    assert "the window holds 60 query tokens; a long capture draws at most 50 per side" \
+        in " ".join(result.stderr.split())

@@ -131,7 +131,7 @@ HEADS_HELP = "\n\n".join([
     "Long inputs (--long, or by itself when every weight would not fit): the statistics the "
     "long capture streams per head, and the attention sinks (Gu et al.: tokens whose mean "
     "attention in a head exceeds 0.3).",
-    "  attnviz heads - --model ./llama --long -f csv -o heads.csv < book.txt",
+    "  cat book.txt | attnviz heads - --model ./llama --long -f csv -o heads.csv",
 ])
 
 

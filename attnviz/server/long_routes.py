@@ -233,10 +233,11 @@ def long_routes(engine: Engine, run: Any, read: Any, endpoint: Any, to_json: Any
 
     limits = engine.limits
     store = LongStore(limits.long_keep)
-    # Long texts: the body and text bounds of the long routes.
+    # Long texts: the body and text bounds of the long routes (a character takes up to 12
+    # bytes of JSON as a surrogate pair of \uXXXX escapes).
     long_limits = dataclasses.replace(
         limits, max_chars=limits.long_max_chars,
-        max_body_bytes=max(limits.max_body_bytes, 4 * limits.long_max_chars + 65536))
+        max_body_bytes=max(limits.max_body_bytes, 12 * limits.long_max_chars + 65536))
 
     def checked_tokens(max_tokens: int | None) -> int:
         if max_tokens is not None and max_tokens > limits.long_max_tokens:
