@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from attnviz.models import ModelSpec
 
 ENV_MAX_INPUT_MB = "ATTNVIZ_MAX_INPUT_MB"
+#: How a long capture may store its queries and keys (``--long-dtype``).
+LONG_DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MAX_INPUT_MB = 16
 _MAX_INPUT_MB_CEILING = 1_000_000
 
@@ -71,6 +73,14 @@ class CaptureRequest:
             :mod:`attnviz.measures` (``norm``, ``norm-res-ln``, ``alti``, ``value-zeroing``).
             ``None``: attention weights for a text; with ``from_path``, whatever the saved
             capture holds (a name there must match it).
+        long: which capture answers: ``False`` the full record of weights (a
+            :class:`~attnviz.capture.Capture`); ``True`` the long capture (queries, keys and
+            log-sum-exp per layer, a :class:`~attnviz.long.LongCapture`: exact weights on
+            demand, memory O(T x d)); ``None`` the full record when it fits under
+            :func:`attnviz.long_session.max_full_bytes`, else the long capture (said through
+            the session's ``warn``).
+        long_dtype: how a long capture stores queries and keys: ``"float32"``, ``"float16"``
+            or ``"bfloat16"``.
 
     Raises:
         UsageError: the request names two inputs, a pair with a saved capture, or an unknown
@@ -92,6 +102,9 @@ class CaptureRequest:
     use_cache: bool = True
     measure: str | None = None
 
+    long: bool | None = False
+    long_dtype: str = "float32"
+
     def __post_init__(self) -> None:
         if self.measure is not None:
             if not isinstance(self.measure, str):
@@ -100,6 +113,15 @@ class CaptureRequest:
             from attnviz.measures import check_measure
 
             object.__setattr__(self, "measure", check_measure(self.measure))
+            if self.long and self.measure != "weights":
+                raise UsageError(f"the long path captures attention weights only, not "
+                                 f"{self.measure}", "drop --long, or use --measure weights")
+        if self.long not in (True, False, None):
+            raise UsageError(f"long must be True, False or None (decide by size), not "
+                             f"{self.long!r:.40}")
+        if self.long_dtype not in LONG_DTYPES:
+            raise UsageError(f"long_dtype must be one of {', '.join(LONG_DTYPES)}, not "
+                             f"{self.long_dtype!r:.40}")
         given = [name for name, value in (("text", self.text), ("stdin", self.stdin or None),
                                           ("from_path", self.from_path)) if value is not None]
         if len(given) > 1:
