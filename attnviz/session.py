@@ -44,7 +44,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from attnviz.capture import Capture
+    from attnviz.generation import Generation
     from attnviz.models import AttentionSource, ModelShape, ModelSpec
+    from attnviz.models.hf import HFSource
     from attnviz.request import CaptureRequest
 
 Warn = Callable[[str], None]
@@ -168,7 +170,10 @@ class Session:
     def source(self, model: str | ModelSpec | None = None, **options: Any) -> AttentionSource:
         """The loaded model (from the warm set, or loaded now and kept)."""
         spec = make_spec(model, **options)
-        key = spec_key(spec)
+        return self._kept(spec_key(spec), functools.partial(self._load, spec))
+
+    def _kept(self, key: str, load: Callable[[], AttentionSource]) -> AttentionSource:
+        """The model kept warm under ``key``, or ``load()`` now (one load per key at a time)."""
         with self._lock:
             source = self._warm(key)
             if source is not None:
@@ -182,7 +187,7 @@ class Session:
                     source = self._warm(key)
                 if source is not None:
                     return source
-                source = self._load(spec)
+                source = load()
                 with self._lock:
                     self._models[key] = source
                     self._model_locks.setdefault(key, threading.Lock())
@@ -220,9 +225,12 @@ class Session:
             self._models.pop(key, None)
             self._model_locks.pop(key, None)
 
-    def _load(self, spec: ModelSpec) -> AttentionSource:
+    def _load(self, spec: ModelSpec, *, causal_lm: bool = False) -> AttentionSource:
         from attnviz.models import TOY_MODEL, load_source
 
+        load: Callable[[ModelSpec], AttentionSource] = load_source
+        if causal_lm:  # generate: the model with its language-model head and fused kernel
+            from attnviz.generation import load_causal_lm as load
         if spec.trust_remote_code and spec.name != TOY_MODEL and self.warn is not None:
             self.warn(f"--trust-remote-code is on: Python code that comes with the model "
                       f"{spec.name} will run on this machine with your permissions; use it "
@@ -231,9 +239,9 @@ class Session:
                                               and spec.name != TOY_MODEL) else None
         if context is not None and hasattr(context, "__enter__"):
             with context:
-                source = load_source(spec)
+                source = load(spec)
         else:
-            source = load_source(spec)
+            source = load(spec)
         self.loads += 1
         return source
 
@@ -613,6 +621,52 @@ class Session:
                                        heads=head_text, max_tokens=max_tokens,
                                        truncate=truncate, use_cache=cache_on, write=write_cache,
                                        check=check, warn=self._cache_warn)
+
+    @_for_callers
+    def generate(self, prompt: str, *, model: str | ModelSpec | None = None,
+                 max_new_tokens: int = 20, sample: bool = False, seed: int | None = None,
+                 layers: Selection = None, heads: Selection = None,
+                 max_tokens: int | None = None, truncate: bool = True,
+                 **options: Any) -> Generation:
+        """Generate after ``prompt`` with the KV cache and the model's own kernel, recording
+        each generated token's attention rows (:mod:`attnviz.generation`).
+
+        Args:
+            prompt: the text to continue.
+            model: a decoder-only causal language model (name, folder or spec); the model
+                with its head is kept warm beside the captures' models.
+            max_new_tokens: at most this many tokens (1 to 4096); fewer at end of sequence.
+            sample: sample instead of greedy decoding; ``seed`` repeats a sample.
+            layers: layers to record, as ``"0,2-4"`` or a list (``None``: all); ``heads`` too.
+            max_tokens: a limit on the prompt's tokens; ``truncate`` cuts past it.
+            **options: model options of :class:`~attnviz.models.ModelSpec`.
+
+        Returns:
+            The :class:`~attnviz.generation.Generation`: tokens, text and rows
+            ``[layer, head, step, key]``.
+        """
+        from attnviz.generation import check_causal_lm, check_max_new_tokens, generate
+
+        spec = make_spec(model, **options)
+        layer_text, head_text = _checked_request(prompt, None, layers, heads, max_tokens)
+        check_max_new_tokens(max_new_tokens)
+        check_causal_lm(spec)  # from config.json, before any weights load
+        self.validate(spec, layers=layer_text, heads=head_text)
+        key = "generate " + spec_key(spec)
+        source = self._kept(key, functools.partial(self._load, spec, causal_lm=True))
+        layer_list, head_list = _resolve(source, layer_text, head_text)
+        with self._lock:
+            lock = self._model_locks.setdefault(key, threading.Lock())
+        with lock:
+            result = generate(cast("HFSource", source), prompt,
+                              max_new_tokens=max_new_tokens, sample=sample, seed=seed,
+                              layers=layer_list, heads=head_list, max_tokens=max_tokens,
+                              truncate=truncate)
+            self.forwards += 1
+        if self.warn is not None:
+            for message in result.meta.get("warnings", []):
+                self.warn(str(message))
+        return result
 
     def _cache_warn(self, message: str) -> None:
         """Pass a cache warning on once: a corpus of damaged entries or an unwritable cache

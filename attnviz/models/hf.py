@@ -81,6 +81,11 @@ class HFSource:
             ``output_attentions=True``.
     """
 
+    #: How the model is loaded: the bare model with eager attention (a subclass may ask for a
+    #: language-model head and the model's fused kernel).
+    _auto_class = "AutoModel"
+    _attn_implementation = "eager"
+
     def __init__(self, name: str = BUNDLED_NAME, *, revision: str | None = None,
                  trust_remote_code: bool = False, device: str = "auto",
                  dtype: str = "float32", device_map: str | None = None,
@@ -143,7 +148,7 @@ class HFSource:
 
     def _load(self, trust_remote_code: bool) -> None:
         import transformers
-        from transformers import AutoConfig, AutoModel, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
@@ -161,7 +166,8 @@ class HFSource:
             self.tokenizer = AutoTokenizer.from_pretrained(self.location, **kwargs)
         except _LOAD_ERRORS as exc:
             raise _friendly_load_error(self.name, exc, self.is_local) from None
-        load_kwargs: dict[str, Any] = {"config": config, "attn_implementation": "eager",
+        load_kwargs: dict[str, Any] = {"config": config,
+                                       "attn_implementation": self._attn_implementation,
                                        "dtype": self.dtype, **kwargs}
         quiet: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if self.device_map is not None:
@@ -170,7 +176,8 @@ class HFSource:
             quiet = _quiet_logger("accelerate")
         try:
             with quiet:
-                model = AutoModel.from_pretrained(self.location, **load_kwargs)
+                auto_class = getattr(transformers, self._auto_class)
+                model = auto_class.from_pretrained(self.location, **load_kwargs)
         except _LOAD_ERRORS as exc:
             raise _friendly_load_error(self.name, exc, self.is_local) from None
         self._adopt(model, config)
