@@ -453,11 +453,11 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
     check_max_new_tokens(max_new_tokens)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
                              or not 0 <= seed < 2**32):
-        raise UsageError(f"--seed must be a whole number from 0 to {2**32 - 1}, not "
-                         f"{seed!r:.40}")
+        raise UsageError(f"the sampling seed must be a whole number from 0 to {2**32 - 1}, "
+                         f"not {seed!r:.40}")
     if seed is not None and not sample:
-        raise UsageError("--seed only applies with --sample: greedy decoding is deterministic",
-                         "add --sample, or drop --seed")
+        raise UsageError("a seed only applies to sampling (--sample): greedy decoding is "
+                         "deterministic", "add --sample, or leave the seed out")
     modules = getattr(source, "attention_modules", None)
     if not modules:
         raise ModelLoadError(f"cannot find the attention layers of {source.name}",
