@@ -299,6 +299,8 @@ def test_cli_dump_round_trip(invoke: Any, lm_dirs: dict[str, Path], session: Ses
     (["--sample", "--seed", "-1"], 2, "seed must be a whole number from 0"),
     (["-l", "9"], 2, "layer 9 is out of range"),
     (["--head", "x"], 2, "invalid head"),
+    (["--layers", "0", "-l", "1"], 2, "--layer 1 is not among --layers 0"),
+    (["--heads", "0-1", "--head", "3"], 2, "--head 3 is not among --heads 0-1"),
 ])
 def test_cli_errors(invoke: Any, lm_dirs: dict[str, Path], args: list[str], code: int,
                     message: str) -> None:
@@ -327,3 +329,31 @@ def test_cli_subprocess(lm_dirs: dict[str, Path]) -> None:
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert len(data["rows"]) == 3 and len(data["tokens"]) == data["prompt_length"] + 3
+
+
+def test_cli_help(invoke: Any) -> None:
+    result = invoke("generate", "--help")
+    assert result.exit_code == 0 and "Examples" in result.stdout
+    assert "--max-new-tokens" in result.stdout and "<bool>" not in result.stdout
+
+
+def test_readme_python_example(lm_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+                               ) -> None:
+    """The README's Python example, run on a tiny Llama; its comments' claims hold."""
+    import re
+
+    import attnviz.session as session_module
+
+    monkeypatch.setattr(session_module, "_DEFAULT", Session(use_cache=False))
+    monkeypatch.chdir(lm_dirs["llama"].parent)
+    (lm_dirs["llama"].parent / "my-llama").symlink_to(lm_dirs["llama"])
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### `attnviz generate`", 1)[1].split("\n### ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    namespace: dict[str, Any] = {}
+    exec(code, namespace)  # noqa: S102 - the README's own example
+    result = namespace["result"]
+    prompt = result.prompt_length
+    assert result.rows.shape == (2, 4, 8, prompt + 7)
+    assert (Path("story") / "rows.npy").is_file()
+    assert result.top_k(layer=-1, head="mean", k=3)[0]["top"][0]["key_index"] < prompt

@@ -97,6 +97,25 @@ def _print_table(result: Generation, rows: list[dict[str, Any]], k: int, title: 
     stdout.print(table)
 
 
+def _check_shown(model: str, layer: int, head: int | str | None, layers: str | None,
+                 heads: str | None, spec: dict[str, Any]) -> None:
+    """--layer and --head must be among --layers and --heads (checked from config.json)."""
+    from attnviz.errors import UsageError
+    from attnviz.selection import parse_selection, resolve_index
+
+    shape = session().shape(model, **spec) if layers or heads else None
+    if shape is None:
+        return
+    for option, index, selection, size, what in (
+            ("--layer", layer, layers, shape.num_layers, "layer"),
+            ("--head", head, heads, shape.num_heads, "head")):
+        if selection and isinstance(index, int):
+            chosen = parse_selection(selection, size, what)
+            if resolve_index(index, size, what) not in chosen:
+                raise UsageError(f"{option} {index} is not among --{what}s {selection}",
+                                 f"add it to --{what}s, or pick {option} from {selection}")
+
+
 @app.command("generate")
 @handle_errors
 def generate_command(
@@ -149,9 +168,12 @@ def generate_command(
 ) -> None:
     """Generate text and list which context tokens each generated token attended to.
 
-    The model runs its own attention kernel with the key/value cache; one attention row per
-    layer and head is recorded at each step: the row of the query that produced the token,
-    over the prompt and the tokens generated before it. Greedy by default.
+    The model runs its own attention kernel with the key/value cache.
+
+    Each step records one attention row per layer and head: the row of the query that
+    produced the token, over the prompt and the tokens generated before it.
+
+    Greedy by default; --sample samples (--seed repeats a sample).
 
     Examples:
 
@@ -169,7 +191,8 @@ def generate_command(
             "dtype": dtype, "device_map": device_map}
     # --layer and --head against the model's config.json, before the weights load.
     session().validate(model, layer=layer, head=head_choice if isinstance(head_choice, int)
-                       else None, **spec)
+                       else None, layers=layers, heads=heads, **spec)
+    _check_shown(model, layer, head_choice, layers, heads, spec)
     result = session().generate(
         prompt, model=model, max_new_tokens=max_new_tokens, sample=sample, seed=seed,
         layers=layers, heads=heads, max_tokens=max_tokens, truncate=truncate, **spec)
