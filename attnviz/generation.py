@@ -276,7 +276,8 @@ class _RowRecorder:
         self.first: Any = None  # the first attention module called: a new step starts there
         self.step = -1
         self.seen: list[set[int]] = []  # layers seen per step
-        self.rows: list[dict[int, np.ndarray]] = []  # per step: layer -> [head, key]
+        self.rows: list[dict[int, torch.Tensor]] = []  # per step: layer -> [head, key]
+        self._index: torch.Tensor | None = None  # self.heads on the model's device
 
     def record(self, module: Any, query: torch.Tensor, key: torch.Tensor,
                mask: torch.Tensor | None, kwargs: dict[str, Any]) -> None:
@@ -297,7 +298,9 @@ class _RowRecorder:
             return
         position = self.prompt_length - 1 + self.step  # of the query
         num_heads, kv_heads, length = query.shape[1], key.shape[1], key.shape[2]
-        heads = torch.tensor(self.heads, device=query.device)
+        if self._index is None or self._index.device != query.device:
+            self._index = torch.tensor(self.heads, device=query.device)
+        heads = self._index
         group = num_heads // kv_heads  # query heads per key/value head (grouped-query)
         with torch.no_grad():
             q = query[0, heads, -1, :].float()  # (h, d)
@@ -329,12 +332,13 @@ class _RowRecorder:
             if bias is not None:
                 scores = scores + bias[0, heads, -1, :length].float()
             scores = scores.masked_fill(~allowed, float("-inf"))
-            weights = torch.softmax(scores, dim=-1)  # (h, kv)
-            row = torch.zeros((len(self.heads), position + 1), dtype=torch.float32,
-                              device=weights.device)
-            keep = allowed.nonzero().squeeze(-1)
-            row[:, positions[keep]] = weights[:, keep]
-        self.rows[self.step][layer] = row.cpu().numpy()
+            weights = torch.softmax(scores, dim=-1)  # (h, kv); 0 where not allowed
+            row = torch.zeros((len(self.heads), max(position + 1, first + length)),
+                              dtype=torch.float32, device=weights.device)
+            row[:, first:first + length] = weights
+        # Kept on the model's device until generation ends: no copy (and no wait for the
+        # device) inside the decoding loop.
+        self.rows[self.step][layer] = row[:, :position + 1]
 
 
 # --------------------------------------------------------------------------- the model
@@ -528,7 +532,7 @@ def _result(source: HFSource, prompt: str, ids: list[int], prompt_length: int,
     rows = np.zeros((len(layers), len(heads), steps, keys), dtype=np.float32)
     for step in range(steps):
         for li, layer in enumerate(layers):
-            row = recorder.rows[step][layer]
+            row = recorder.rows[step][layer].cpu().numpy()
             rows[li, :, step, :row.shape[1]] = row
     tokenizer = source.tokenizer
     names = [str(t) for t in tokenizer.convert_ids_to_tokens(ids)]

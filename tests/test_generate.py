@@ -357,3 +357,23 @@ def test_readme_python_example(lm_dirs: dict[str, Path], monkeypatch: pytest.Mon
     assert result.rows.shape == (2, 4, 8, prompt + 7)
     assert (Path("story") / "rows.npy").is_file()
     assert result.top_k(layer=-1, head="mean", k=3)[0]["top"][0]["key_index"] < prompt
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [("float32", 1e-5), ("bfloat16", 3e-2)])
+def test_cuda_rows_equal_eager_on_cpu(lm_dirs: dict[str, Path], dtype: str, atol: float) -> None:
+    """On a GPU (the model's own CUDA kernel, and 16-bit weights), the rows still equal an
+    eager float32 recomputation on the CPU of the same tokens."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    for name in ("llama", "mistral"):
+        result = Session(use_cache=False).generate(PROMPT, model=str(lm_dirs[name]),
+                                                   max_new_tokens=N, device="cuda",
+                                                   dtype=dtype)
+        assert result.meta["device"].startswith("cuda") and result.rows.dtype == np.float32
+        expected, greedy = eager_reference(lm_dirs[name], result.token_ids,
+                                           result.prompt_length, N)
+        np.testing.assert_allclose(result.rows, expected, atol=atol, rtol=0)
+        if dtype == "float32":
+            assert result.token_ids == greedy
