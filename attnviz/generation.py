@@ -28,7 +28,7 @@ import contextlib
 import contextvars
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,8 +55,86 @@ _SEAM_PREFIX = "attnviz_rows_"  # registered as attnviz_rows_<the model's own im
 
 
 # --------------------------------------------------------------------------- the result
+class _Recorded:
+    """Layer and head lookups shared by :class:`Generation` and :class:`Step`."""
+
+    layers: list[int]
+    heads: list[int]
+    num_layers: int
+    num_heads: int
+
+    def _layer(self, layer: int) -> int:
+        from attnviz.selection import resolve_index
+
+        absolute = resolve_index(layer, self.num_layers, "layer")
+        if absolute not in self.layers:
+            raise UsageError(f"layer {layer} was not recorded (recorded: "
+                             f"{', '.join(map(str, self.layers))})",
+                             "record it with --layers, or leave --layers out")
+        return self.layers.index(absolute)
+
+    def _head(self, head: int | str) -> int | None:
+        """Position of ``head`` on the head axis; ``None`` for ``"mean"``."""
+        from attnviz.selection import parse_int, resolve_index
+
+        if head == "mean":
+            return None
+        if isinstance(head, str):
+            head = parse_int(head, "head")
+        absolute = resolve_index(head, self.num_heads, "head")
+        if absolute not in self.heads:
+            raise UsageError(f"head {head} was not recorded (recorded: "
+                             f"{', '.join(map(str, self.heads))})",
+                             "record it with --heads, or leave --heads out")
+        return self.heads.index(absolute)
+
+    def _pick(self, rows: np.ndarray, layer: int, head: int | str) -> np.ndarray:
+        """``rows[layer, head]`` of ``[layer, head, ...]`` (the mean over heads for "mean")."""
+        li, hi = self._layer(layer), self._head(head)
+        if hi is None:
+            return np.asarray(rows[li].mean(axis=0), dtype=np.float32)
+        return np.asarray(rows[li, hi], dtype=np.float32)
+
+
+def _top_entry(row: np.ndarray, tokens: list[str], step: int, position: int, k: int
+               ) -> dict[str, Any]:
+    """One generated token's strongest keys (ties to the earlier position)."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise UsageError(f"k must be a whole number of at least 1, not {k!r:.40}")
+    order = np.argsort(-row, kind="stable")[:k]
+    return {"step": step, "position": position, "token": tokens[position],
+            "top": [{"key_index": int(j), "key": tokens[int(j)],
+                     "weight": round(float(row[j]), 6)} for j in order]}
+
+
 @dataclass
-class Generation:
+class Step(_Recorded):
+    """One generated token as soon as it is chosen (the ``on_step`` callback of
+    :func:`generate`): ``rows`` is ``[layer, head, key]`` over keys ``0 .. position - 1``;
+    ``tokens`` holds the prompt and the tokens generated so far, this one last."""
+
+    step: int
+    position: int
+    token_id: int
+    tokens: list[str]
+    rows: np.ndarray
+    layers: list[int]
+    heads: list[int]
+    num_layers: int
+    num_heads: int
+
+    @property
+    def token(self) -> str:
+        return self.tokens[self.position]
+
+    def top(self, layer: int = -1, head: int | str = "mean", k: int = 3) -> dict[str, Any]:
+        """This token's ``k`` strongest keys, as one entry of :meth:`Generation.top_k`."""
+        return _top_entry(self._pick(self.rows, layer, head), self.tokens, self.step,
+                          self.position, k)
+
+
+@dataclass
+class Generation(_Recorded):
     """What :func:`generate` returns: the tokens and each generated token's attention rows.
 
     Attributes:
@@ -100,37 +178,10 @@ class Generation:
         """How many keys step ``step``'s row covers (``P + step``)."""
         return self.prompt_length + step
 
-    def _layer(self, layer: int) -> int:
-        from attnviz.selection import resolve_index
-
-        absolute = resolve_index(layer, self.num_layers, "layer")
-        if absolute not in self.layers:
-            raise UsageError(f"layer {layer} was not recorded (recorded: "
-                             f"{', '.join(map(str, self.layers))})",
-                             "record it with --layers, or leave --layers out")
-        return self.layers.index(absolute)
-
-    def _head(self, head: int) -> int:
-        from attnviz.selection import resolve_index
-
-        absolute = resolve_index(head, self.num_heads, "head")
-        if absolute not in self.heads:
-            raise UsageError(f"head {head} was not recorded (recorded: "
-                             f"{', '.join(map(str, self.heads))})",
-                             "record it with --heads, or leave --heads out")
-        return self.heads.index(absolute)
-
     def matrix(self, layer: int, head: int | str = "mean") -> np.ndarray:
         """``[step, key]`` rows of one layer and head (``"mean"``: the mean of the recorded
         heads); ``layer`` and ``head`` are model indices, negative from the end."""
-        li = self._layer(layer)
-        if head == "mean":
-            return np.asarray(self.rows[li].mean(axis=0), dtype=np.float32)
-        if isinstance(head, str):
-            from attnviz.selection import parse_int
-
-            head = parse_int(head, "head")
-        return np.asarray(self.rows[li, self._head(head)], dtype=np.float32)
+        return self._pick(self.rows, layer, head)
 
     def top_k(self, layer: int = -1, head: int | str = "mean", k: int = 3
               ) -> list[dict[str, Any]]:
@@ -141,18 +192,9 @@ class Generation:
             ``top``, a list of ``key_index``, ``key`` and ``weight`` (rounded to 6 decimals).
             Ties go to the earlier position.
         """
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise UsageError(f"k must be a whole number of at least 1, not {k!r:.40}")
         matrix = self.matrix(layer, head)
-        result = []
-        for step in range(self.steps):
-            row = matrix[step, :self.keys_of(step)]
-            order = np.argsort(-row, kind="stable")[:k]
-            position = self.prompt_length + step
-            result.append({"step": step, "position": position, "token": self.tokens[position],
-                           "top": [{"key_index": int(j), "key": self.tokens[int(j)],
-                                    "weight": round(float(row[j]), 6)} for j in order]})
-        return result
+        return [_top_entry(matrix[step, :self.keys_of(step)], self.tokens, step,
+                           self.prompt_length + step, k) for step in range(self.steps)]
 
     def sidecar(self) -> dict[str, Any]:
         """Everything but the rows, as JSON data (the ``generation.json`` of :meth:`save`)."""
@@ -431,7 +473,8 @@ def check_max_new_tokens(value: int) -> None:
 def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
              sample: bool = False, seed: int | None = None, layers: list[int] | None = None,
              heads: list[int] | None = None, max_tokens: int | None = None,
-             truncate: bool = True) -> Generation:
+             truncate: bool = True, on_step: Callable[[Step], None] | None = None
+             ) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt`` and record their attention.
 
     Args:
@@ -444,6 +487,8 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
             seed is drawn and kept in ``meta["seed"]`` when ``None``).
         layers: model layers to record (``None``: all); ``heads`` likewise.
         max_tokens: a limit on the prompt's tokens; ``truncate`` cuts past it (else an error).
+        on_step: called with each :class:`Step` as soon as its token is chosen (a live view);
+            an exception it raises stops the generation and reaches the caller.
 
     Returns:
         The :class:`Generation`, rows ``[layer, head, step, key]``.
@@ -499,6 +544,8 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
                                "cache_implementation": "dynamic", "pad_token_id": pad}
     if not sample:  # a model's own sampling settings would only raise warnings
         options.update(temperature=None, top_p=None, top_k=None)
+    if on_step is not None:
+        options["streamer"] = _Steps(source, recorder, enc["input_ids"][0].tolist(), on_step)
     fork = torch.random.fork_rng(devices=[]) if sample else contextlib.nullcontext()
     with fork, torch.inference_mode(), recording(model, recorder):
         if sample:
@@ -514,6 +561,51 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
     return _result(source, prompt, ids, prompt_length, recorder, keep_layers, keep_heads,
                    steps, {"sample": sample, "seed": seed, "warnings": warnings,
                            "max_new_tokens": max_new_tokens})
+
+
+class _Steps:
+    """A ``generate`` streamer that hands each new token, with its rows, to ``on_step``."""
+
+    def __init__(self, source: HFSource, recorder: _RowRecorder, prompt: list[int],
+                 on_step: Callable[[Step], None]) -> None:
+        self.source = source
+        self.recorder = recorder
+        self.ids = list(prompt)
+        self.tokens = _labels(source, self.ids)
+        self.on_step = on_step
+        self.started = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.started:  # generate hands over the prompt first
+            self.started = True
+            return
+        for token_id in value.reshape(-1).tolist():
+            step = len(self.ids) - self.recorder.prompt_length
+            self.ids.append(int(token_id))
+            self.tokens.extend(_labels(self.source, [int(token_id)]))
+            recorded = self.recorder.rows[step] if step < len(self.recorder.rows) else {}
+            keys = len(self.ids) - 1
+            rows = np.zeros((len(self.recorder.layers), len(self.recorder.heads), keys),
+                            dtype=np.float32)
+            for li, layer in enumerate(self.recorder.layers):
+                if layer in recorded:
+                    rows[li] = recorded[layer].cpu().numpy()
+            self.on_step(Step(step=step, position=keys, token_id=int(token_id),
+                              tokens=list(self.tokens), rows=rows,
+                              layers=list(self.recorder.layers),
+                              heads=list(self.recorder.heads),
+                              num_layers=self.source.num_layers,
+                              num_heads=self.source.num_heads))
+
+    def end(self) -> None:
+        return None
+
+
+def _labels(source: HFSource, ids: list[int]) -> list[str]:
+    """Readable labels of token ids, as captures show them."""
+    names = [str(t) for t in source.tokenizer.convert_ids_to_tokens(ids)]
+    specials = source.special_ids()
+    return source.display_of(names, [i in specials for i in ids])
 
 
 def _result(source: HFSource, prompt: str, ids: list[int], prompt_length: int,
@@ -535,9 +627,7 @@ def _result(source: HFSource, prompt: str, ids: list[int], prompt_length: int,
             row = recorder.rows[step][layer].cpu().numpy()
             rows[li, :, step, :row.shape[1]] = row
     tokenizer = source.tokenizer
-    names = [str(t) for t in tokenizer.convert_ids_to_tokens(ids)]
-    specials = source.special_ids()
-    tokens = source.display_of(names, [i in specials for i in ids])
+    tokens = _labels(source, ids)
     eos = source.model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     meta = {**meta, "stopped": "end of sequence" if steps and ids[-1] in eos_ids
@@ -551,6 +641,6 @@ def _result(source: HFSource, prompt: str, ids: list[int], prompt_length: int,
                       num_heads=source.num_heads, model=source.name, meta=meta)
 
 
-__all__ = ["Generation", "MAX_NEW_TOKENS", "check_causal_lm", "generate", "load_causal_lm",
+__all__ = ["Generation", "MAX_NEW_TOKENS", "Step", "check_causal_lm", "generate", "load_causal_lm",
            "load_generation",
            "register_seam", "recording", "check_max_new_tokens"]

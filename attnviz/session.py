@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from attnviz.capture import Capture
-    from attnviz.generation import Generation
+    from attnviz.generation import Generation, Step
     from attnviz.models import AttentionSource, ModelShape, ModelSpec
     from attnviz.models.hf import HFSource
     from attnviz.request import CaptureRequest
@@ -627,6 +627,7 @@ class Session:
                  max_new_tokens: int = 20, sample: bool = False, seed: int | None = None,
                  layers: Selection = None, heads: Selection = None,
                  max_tokens: int | None = None, truncate: bool = True,
+                 on_step: Callable[[Step], None] | None = None,
                  **options: Any) -> Generation:
         """Generate after ``prompt`` with the KV cache and the model's own kernel, recording
         each generated token's attention rows (:mod:`attnviz.generation`).
@@ -639,6 +640,7 @@ class Session:
             sample: sample instead of greedy decoding; ``seed`` repeats a sample.
             layers: layers to record, as ``"0,2-4"`` or a list (``None``: all); ``heads`` too.
             max_tokens: a limit on the prompt's tokens; ``truncate`` cuts past it.
+            on_step: called with each :class:`~attnviz.generation.Step` as it comes.
             **options: model options of :class:`~attnviz.models.ModelSpec`.
 
         Returns:
@@ -661,7 +663,7 @@ class Session:
             result = generate(cast("HFSource", source), prompt,
                               max_new_tokens=max_new_tokens, sample=sample, seed=seed,
                               layers=layer_list, heads=head_list, max_tokens=max_tokens,
-                              truncate=truncate)
+                              truncate=truncate, on_step=on_step)
             self.forwards += 1
         if self.warn is not None:
             for message in result.meta.get("warnings", []):

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from attnviz.errors import DumpError, ModelLoadError, UsageError
-from attnviz.session import Session
+from attnviz.session import Session, make_spec, spec_key
 
 PROMPT = "The cat sat on the mat and looked at the dog"
 N = 6
@@ -193,6 +193,34 @@ def test_stops_at_end_of_sequence(lm_dirs: dict[str, Path], session: Session,
     assert stopped.token_ids == greedy.token_ids[:greedy.prompt_length + steps]
     np.testing.assert_array_equal(stopped.rows,
                                   greedy.rows[:, :, :steps, :stopped.rows.shape[3]])
+
+
+def test_steps_arrive_as_generated(lm_dirs: dict[str, Path], session: Session) -> None:
+    """on_step sees every token, with its rows, before generation ends; raising stops it."""
+    seen: list[Any] = []
+    result = session.generate(PROMPT, model=str(lm_dirs["mistral"]), max_new_tokens=N,
+                              device="cpu", heads="0,2", on_step=seen.append)
+    assert [s.step for s in seen] == list(range(N))
+    for step in seen:
+        assert step.tokens == result.tokens[:step.position + 1]
+        assert step.token_id == result.token_ids[step.position]
+        np.testing.assert_array_equal(step.rows, result.rows[:, :, step.step, :step.position])
+        assert step.top(-1, 2, 3) == result.top_k(-1, 2, 3)[step.step]
+        assert step.top(0, "mean", 2) == result.top_k(0, "mean", 2)[step.step]
+
+    class Enough(Exception):
+        pass
+
+    def stop(step: Any) -> None:
+        if step.step == 1:
+            raise Enough
+
+    with pytest.raises(Enough):
+        session.generate(PROMPT, model=str(lm_dirs["mistral"]), max_new_tokens=N,
+                         device="cpu", on_step=stop)
+    # The model runs its own kernel again afterwards, and the seam is idle.
+    key = "generate " + spec_key(make_spec(str(lm_dirs["mistral"]), device="cpu"))
+    assert session._models[key].model.config._attn_implementation == "sdpa"
 
 
 def test_save_and_load(lm_dirs: dict[str, Path], session: Session, tmp_path: Path) -> None:

@@ -187,8 +187,8 @@ def generate_command(
 
     head_choice = _parse_head(head)
     prompt = read_text(prompt)
-    spec = {"revision": revision, "trust_remote_code": trust_remote_code, "device": device,
-            "dtype": dtype, "device_map": device_map}
+    spec: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code,
+                            "device": device, "dtype": dtype, "device_map": device_map}
     # --layer and --head against the model's config.json, before the weights load.
     session().validate(model, layer=layer, head=head_choice if isinstance(head_choice, int)
                        else None, layers=layers, heads=heads, **spec)
