@@ -405,3 +405,44 @@ def test_cuda_rows_equal_eager_on_cpu(lm_dirs: dict[str, Path], dtype: str, atol
         np.testing.assert_allclose(result.rows, expected, atol=atol, rtol=0)
         if dtype == "float32":
             assert result.token_ids == greedy
+
+
+# --------------------------------------------------------------------------- attnviz serve
+def test_serve_streams_generated_tokens(lm_dirs: dict[str, Path], session: Session) -> None:
+    from starlette.testclient import TestClient
+
+    from attnviz.server.app import create_app
+    from attnviz.server.engine import Limits
+
+    llama = str(lm_dirs["llama"])
+    app = create_app([llama, "minilm"], limits=Limits(max_tokens=64), device="cpu")
+    client = TestClient(app, base_url="http://127.0.0.1:8000")
+    reference = session.generate(PROMPT, model=llama, max_new_tokens=4, device="cpu")
+    for head in (2, "mean"):
+        answer = client.post("/api/generate", json={"text": PROMPT, "max_new_tokens": 4,
+                                                    "layer": 1, "head": head, "k": 3})
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in answer.text.splitlines()]
+        assert lines[:-1] == reference.top_k(1, head, 3)  # one line per token, in order
+        done = lines[-1]
+        assert done["done"] is True and done["tokens"] == reference.tokens
+        assert done["text"] == reference.text and done["steps"] == 4
+
+    def error(body: dict[str, Any], status: int = 422) -> str:
+        answer = client.post("/api/generate", json={"text": PROMPT, **body})
+        assert answer.status_code == status, answer.text
+        return str(answer.json()["error"]["message"])
+
+    assert "no causal language-model head" in error({"model": "minilm"})
+    assert "layer 9 is out of range" in error({"layer": 9})
+    assert "'max_new_tokens'" in error({"max_new_tokens": 0})
+    assert "at most 64" in error({"max_new_tokens": 65})
+    assert "not served here" in error({"model": "gpt2"}, 404)
+    # A client that stops reading: the server goes on answering.
+    with client.stream("POST", "/api/generate", json={"text": PROMPT, "max_new_tokens": 20}
+                       ) as stream:
+        first = json.loads(next(stream.iter_lines()))
+        assert first["step"] == 0
+    again = client.post("/api/generate", json={"text": PROMPT, "max_new_tokens": 2})
+    assert again.status_code == 200 and len(again.text.splitlines()) == 3
