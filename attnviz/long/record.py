@@ -1,0 +1,420 @@
+"""The long capture record: queries, keys and log-sum-exp on disk, exact weights on demand.
+
+A folder holds, per recorded model layer ``L`` (three digits), ``q_L.npy`` ``[head, T, dim]``,
+``k_L.npy`` ``[kv_head, T, dim]`` (float32, float16, or bfloat16 stored as its uint16 bits)
+and ``lse_L.npy`` ``[head, T]`` (float32), and ``long.json``, the sidecar (see
+``docs/long.md``). Every read is memory-mapped; every number derived from them is computed in
+chunks of query rows (:mod:`attnviz.long.kernels`), so memory grows as ``T x dim``.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from attnviz.errors import DumpError, ModelLoadError, UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnviz.long.scan import Summary
+
+FORMAT_NAME = "attnviz-long-capture"
+FORMAT_VERSION = 1
+SIDECAR = "long.json"
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")
+#: Largest tile (query rows x keys) one call returns: 64 Mi weights, 256 MiB of float32.
+MAX_TILE = 64 << 20
+#: Largest ``k`` of :meth:`LongCapture.topk`.
+MAX_TOPK = 1024
+
+
+class LongUnsupported(ModelLoadError):
+    """The model cannot be captured as queries, keys and log-sum-exp (its attention does not
+    go through transformers' attention functions, or adds a bias, softcapping or sinks the
+    weights here would miss); capture it the usual way instead."""
+
+
+def layer_file(kind: str, layer: int) -> str:
+    """File name of one layer's ``q``, ``k`` or ``lse`` array."""
+    return f"{kind}_{layer:03d}.npy"
+
+
+def to_storage(tensor: torch.Tensor, dtype: str) -> np.ndarray:
+    """A CPU numpy array of ``tensor`` in the storage type (bfloat16 as its uint16 bits)."""
+    import torch
+
+    if dtype == "bfloat16":
+        return tensor.detach().to("cpu", torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    return tensor.detach().to("cpu", getattr(torch, dtype)).numpy()
+
+
+def _from_storage(array: np.ndarray, dtype: str) -> torch.Tensor:
+    """float32 torch copy of a stored slice."""
+    import torch
+
+    data = np.ascontiguousarray(array)
+    if dtype == "bfloat16":
+        return torch.from_numpy(data.view(np.int16).copy()).view(torch.bfloat16).float()
+    return torch.from_numpy(data.astype(np.float32, copy=True))
+
+
+def _npy_writer(data: np.ndarray) -> Callable[[IO[bytes]], None]:
+    def write(handle: IO[bytes]) -> None:
+        np.save(handle, data, allow_pickle=False)
+
+    return write
+
+
+def write_sidecar(folder: Path, sidecar: dict[str, Any]) -> None:
+    """Write ``long.json`` atomically (last, so a folder with a sidecar is complete)."""
+    from attnviz.fileio import atomic_write_text
+
+    body = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+            "axes": {"q": ["head", "token", "dim"], "k": ["kv_head", "token", "dim"],
+                     "lse": ["head", "token"]},
+            **sidecar}
+    atomic_write_text(folder / SIDECAR, json.dumps(body, ensure_ascii=False, indent=1),
+                      root=folder)
+
+
+def load_long(folder: str | Path, mmap: bool = True) -> LongCapture:
+    """Open a long capture saved by :func:`attnviz.long.capture_long` or
+    :meth:`LongCapture.save` (memory-mapped unless ``mmap`` is off).
+
+    Raises:
+        DumpError: the folder, its sidecar or its arrays are missing or disagree.
+    """
+    return LongCapture.open(Path(folder), mmap=mmap)
+
+
+class LongCapture:
+    """Queries, keys and log-sum-exp of one text; exact attention weights on demand.
+
+    Attributes:
+        tokens, display_tokens, word_ids, special: one entry per token.
+        layers: the model layers recorded. num_layers, num_heads, num_kv_heads: the model's.
+        num_tokens: ``T``. causal: whether query ``i`` sees only keys ``<= i``.
+        window: the sliding window (keys ``i - window < j <= i``) of the windowed layers, or
+            ``None``; ``windows`` gives it per recorded layer.
+        scales: per recorded layer, the ``scaling`` the attention function got.
+        model, text, pair, meta, folder, dtype: where it came from and where it lives.
+        device: where the arithmetic runs (``"cpu"`` by default; any torch device).
+    """
+
+    def __init__(self, folder: Path, sidecar: dict[str, Any], mmap: bool = True) -> None:
+        self.folder = folder
+        self._sidecar = sidecar
+        self.model = str(sidecar["model"])
+        self.text = str(sidecar["text"])
+        self.pair: str | None = sidecar.get("pair")
+        self.tokens: list[str] = list(sidecar["tokens"])
+        self.display_tokens: list[str] = list(sidecar["display_tokens"])
+        self.word_ids: list[int | None] = list(sidecar["word_ids"])
+        self.special: list[bool] = [bool(x) for x in sidecar["special"]]
+        self.layers: list[int] = [int(x) for x in sidecar["layers"]]
+        self.num_layers = int(sidecar["num_layers"])
+        self.num_heads = int(sidecar["num_heads"])
+        self.num_kv_heads = int(sidecar["num_kv_heads"])
+        self.head_dim = int(sidecar["head_dim"])
+        self.dtype = str(sidecar["dtype"])
+        self.causal = bool(sidecar["causal"])
+        self.scales = {layer: float(s) for layer, s in zip(self.layers, sidecar["scales"])}
+        self.windows: dict[int, int | None] = {
+            layer: None if w is None else int(w) for layer, w in zip(self.layers,
+                                                                     sidecar["windows"])}
+        windows = [w for w in self.windows.values() if w is not None]
+        self.window: int | None = max(windows) if windows else None
+        self.meta: dict[str, Any] = dict(sidecar.get("meta") or {})
+        self.num_tokens = len(self.tokens)
+        self.device = "cpu"
+        self._mmap = mmap
+        self._arrays: dict[tuple[str, int], np.ndarray] = {}
+        self._summary: Summary | None = None
+        self._cleanup: weakref.finalize | None = None
+        self._check()
+
+    # ------------------------------------------------------------------ files
+    @classmethod
+    def open(cls, folder: Path, *, mmap: bool = True) -> LongCapture:
+        path = folder / SIDECAR
+        try:
+            sidecar = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise DumpError(f"{folder} is not a long capture: it has no {SIDECAR}",
+                            "pass the folder capture_long or LongCapture.save wrote") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DumpError(f"cannot read {path}: {exc}") from None
+        if not isinstance(sidecar, dict) or sidecar.get("format") != FORMAT_NAME:
+            raise DumpError(f"{path} is not a long capture sidecar (format "
+                            f"{sidecar.get('format') if isinstance(sidecar, dict) else None!r})")
+        version = sidecar.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise DumpError(f"{path} has format_version {version!r}; this attnviz reads "
+                            f"{FORMAT_VERSION}", "upgrade attnviz to read it")
+        try:
+            return cls(folder, sidecar, mmap)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DumpError(f"{path} is damaged ({type(exc).__name__}: {exc})") from None
+
+    def _array(self, kind: str, layer: int) -> np.ndarray:
+        key = (kind, layer)
+        if key not in self._arrays:
+            path = self.folder / layer_file(kind, layer)
+            try:
+                array = np.load(path, mmap_mode="r" if self._mmap else None,
+                                allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise DumpError(f"cannot read {path}: {exc}",
+                                "the long capture folder is incomplete: capture again") from None
+            self._arrays[key] = array
+        return self._arrays[key]
+
+    def _check(self) -> None:
+        if self.dtype not in STORAGE_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r}")
+        if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads is not a multiple of num_kv_heads")
+        stored = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+        size, heads, kv, dim = self.num_tokens, self.num_heads, self.num_kv_heads, self.head_dim
+        for layer in self.layers:
+            for kind, shape, dtype in (("q", (heads, size, dim), stored[self.dtype]),
+                                       ("k", (kv, size, dim), stored[self.dtype]),
+                                       ("lse", (heads, size), np.float32)):
+                array = self._array(kind, layer)
+                if array.shape != shape or array.dtype != dtype:
+                    raise DumpError(
+                        f"{self.folder / layer_file(kind, layer)} holds {array.dtype} "
+                        f"{array.shape}, the sidecar says {np.dtype(dtype)} {shape}",
+                        "the long capture folder is damaged: capture again")
+
+    def save(self, folder: str | Path) -> Path:
+        """Copy the capture's files into ``folder`` (arrays first, the sidecar last, each
+        written atomically); returns the folder."""
+        from attnviz.fileio import atomic_write, ensure_dir
+
+        target = Path(folder)
+        ensure_dir(target)
+        for layer in self.layers:
+            for kind in ("q", "k", "lse"):
+                atomic_write(target / layer_file(kind, layer),
+                             _npy_writer(self._array(kind, layer)), root=target)
+        write_sidecar(target, {k: v for k, v in self._sidecar.items()
+                               if k not in ("format", "format_version", "axes")})
+        return target
+
+    def close(self) -> None:
+        """Drop the memory maps (and remove a temporary folder)."""
+        self._arrays.clear()
+        if self._cleanup is not None:
+            self._cleanup()
+
+    def __repr__(self) -> str:
+        return (f"LongCapture(model={self.model!r}, tokens={self.num_tokens}, "
+                f"layers={len(self.layers)}, heads={self.num_heads}, "
+                f"kv_heads={self.num_kv_heads}, dtype={self.dtype}, folder='{self.folder}')")
+
+    # ------------------------------------------------------------------ checks
+    def _layer(self, layer: int) -> int:
+        from attnviz.selection import resolve_index
+
+        resolved = resolve_index(int(layer), self.num_layers, "layer")
+        if resolved not in self.layers:
+            raise UsageError(f"layer {layer} was not recorded in this long capture (it holds "
+                             f"layers {', '.join(map(str, self.layers))})",
+                             "pick one of those, or capture again with that layer")
+        return resolved
+
+    def _head(self, head: int | str) -> int | None:
+        """``None`` for the mean over heads."""
+        from attnviz.selection import resolve_index
+
+        if isinstance(head, str):
+            if head.strip().lower() == "mean":
+                return None
+            try:
+                head = int(head)
+            except ValueError:
+                raise UsageError(f"invalid head {head!r}: expected a number or \"mean\"") \
+                    from None
+        return resolve_index(int(head), self.num_heads, "head")
+
+    def _span(self, start: int, stop: int | None, what: str) -> tuple[int, int]:
+        size = self.num_tokens
+        stop = size if stop is None else int(stop)
+        start = int(start)
+        if not 0 <= start < stop <= size:
+            raise UsageError(f"the {what} range {start}:{stop} is outside this capture's "
+                             f"{size} tokens", f"give 0 <= start < stop <= {size}")
+        return start, stop
+
+    # ------------------------------------------------------------------ tensors
+    def _queries(self, layer: int, heads: list[int] | None, q0: int, q1: int) -> torch.Tensor:
+        """``[head, q1 - q0, dim]`` float32 on the capture's device."""
+        array = self._array("q", layer)
+        part = array[:, q0:q1] if heads is None else array[heads, q0:q1]
+        return _from_storage(part, self.dtype).to(self.device)
+
+    def _keys(self, layer: int, kv_heads: list[int] | None = None) -> torch.Tensor:
+        array = self._array("k", layer)
+        part = array if kv_heads is None else array[kv_heads]
+        return _from_storage(part, self.dtype).to(self.device)
+
+    def _lse(self, layer: int, heads: list[int] | None, q0: int, q1: int) -> torch.Tensor:
+        import torch
+
+        array = self._array("lse", layer)
+        part = array[:, q0:q1] if heads is None else array[heads, q0:q1]
+        return torch.from_numpy(np.array(part, dtype=np.float32)).to(self.device)
+
+    def _operands(self, layer: int, head: int | None, q0: int, q1: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and lse of one head (or of every head when ``head`` is None)."""
+        if head is None:
+            return (self._queries(layer, None, q0, q1), self._keys(layer),
+                    self._lse(layer, None, q0, q1))
+        group = self.num_heads // self.num_kv_heads
+        return (self._queries(layer, [head], q0, q1), self._keys(layer, [head // group]),
+                self._lse(layer, [head], q0, q1))
+
+    # ------------------------------------------------------------------ weights
+    def tile(self, layer: int, head: int | str, q0: int, q1: int, k0: int, k1: int
+             ) -> np.ndarray:
+        """Exact weights ``A[q0:q1, k0:k1]`` of one head (or ``"mean"`` over heads).
+
+        Returns:
+            ``[q1 - q0, k1 - k0]`` float32; 0 where the causal or window mask hides a key.
+
+        Raises:
+            UsageError: a layer not recorded, a bad head, a range outside the text, or a tile
+                of more than :data:`MAX_TILE` weights.
+        """
+        import torch
+
+        import attnviz.long.kernels as kernels
+
+        layer = self._layer(layer)
+        index = self._head(head)
+        q0, q1 = self._span(q0, q1, "query")
+        k0, k1 = self._span(k0, k1, "key")
+        if (q1 - q0) * (k1 - k0) > MAX_TILE:
+            raise UsageError(f"a tile of {q1 - q0} x {k1 - k0} weights is too big (at most "
+                             f"{MAX_TILE} weights per call)", "ask for smaller tiles")
+        q, k, lse = self._operands(layer, index, q0, q1)
+        k = k[:, k0:k1]
+        scale, window = self.scales[layer], self.windows[layer]
+        out = torch.zeros(q1 - q0, k1 - k0, dtype=torch.float32, device=self.device)
+        heads = q.shape[0]
+        for h in range(heads):  # one head at a time: memory of one tile
+            kv = k[h // (heads // k.shape[0]) if index is None else 0]
+            s = kernels.scores(q[h:h + 1], kv[None], scale)[0]  # [rows, keys]
+            s -= lse[h, :, None]
+            kernels.apply_mask(s, q0, k0, self.causal, window)
+            out += s.exp_()
+        if index is None:
+            out /= heads
+        return out.cpu().numpy()
+
+    def rows(self, layer: int, head: int | str, q0: int, q1: int) -> np.ndarray:
+        """Exact weights of queries ``q0..q1`` against every key: ``[q1 - q0, T]`` float32."""
+        return self.tile(layer, head, q0, q1, 0, self.num_tokens)
+
+    def topk(self, layer: int, head: int | str, k: int, q0: int = 0, q1: int | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` keys each query in ``q0..q1`` attends to most, strongest first.
+
+        Returns:
+            ``(indices, values)``: ``[q1 - q0, k]`` int64 key positions and float32 weights.
+            A query that sees fewer than ``k`` keys (early rows of a causal model) gets
+            index ``-1`` and weight 0 in the places left over.
+        """
+        from attnviz.long.scan import topk_head
+
+        layer = self._layer(layer)
+        index = self._head(head)
+        q0, q1 = self._span(q0, q1, "query")
+        if not 1 <= int(k) <= MAX_TOPK:
+            raise UsageError(f"k must be between 1 and {MAX_TOPK}, got {k}")
+        return topk_head(self, layer, index, min(int(k), self.num_tokens), q0, q1)
+
+    def atlas(self, layer: int, head: int | str, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """Block-aggregated weights of one head (or ``"mean"``): for ``block``-token blocks of
+        queries and keys, the sum and the largest weight in each block pair.
+
+        Args:
+            block: a power of two from 16 (64, 256 and 1024 make a pyramid).
+
+        Returns:
+            ``(sums, maxes)``: ``[nb, nb]`` float32 each, ``nb = ceil(T / block)``. Row ``r``
+            of ``sums`` divided by the number of queries in block ``r`` is the mean share of
+            attention those queries give each key block; a row of ``sums`` adds up to that
+            number of queries.
+        """
+        from attnviz.long.scan import atlas_head
+
+        layer = self._layer(layer)
+        index = self._head(head)
+        block = int(block)
+        if block < 16 or block & (block - 1):
+            raise UsageError(f"block must be a power of two from 16, got {block}",
+                             "use 64, 256 or 1024")
+        return atlas_head(self, layer, index, block)
+
+    # ------------------------------------------------------------------ whole-capture scans
+    def summarise(self, *, block: int = 64, k: int = 0) -> Summary:
+        """One streamed pass over every recorded layer and head: head statistics, attention
+        received, the atlas at ``block`` (coarser levels are pooled from it) and, with
+        ``k > 0``, every head's top-``k`` keys per query. Kept, so later calls are free."""
+        from attnviz.long.scan import summarise
+
+        if block < 16 or block & (block - 1):
+            raise UsageError(f"block must be a power of two from 16, got {block}")
+        if not 0 <= int(k) <= MAX_TOPK:
+            raise UsageError(f"k must be between 0 and {MAX_TOPK}, got {k}")
+        held = self._summary
+        if held is None or held.block > block or held.k < k:
+            self._summary = summarise(self, block=block, k=min(int(k), self.num_tokens))
+        return cast("Summary", self._summary)
+
+    def head_stats(self) -> dict[str, np.ndarray]:
+        """Statistic -> ``[layer, head]`` mean over query rows, with the definitions of
+        :mod:`attnviz.analysis.stats` (``entropy`` divides by the log of the keys a row can
+        see, the window included)."""
+        return self.summarise().means()
+
+    def received(self, layer: int, head: int | str) -> np.ndarray:
+        """Attention received by each key: the column sums ``sum_i A[i, j]`` (``[T]``,
+        float64); ``"mean"`` averages them over heads. Key ``j`` of a causal model is seen by
+        ``T - j`` queries (fewer under a window), so late keys receive less by construction:
+        divide by :meth:`seen_by` for a mean."""
+        layer = self._layer(layer)
+        index = self._head(head)
+        summary = self.summarise()
+        data = summary.received[self.layers.index(layer)]  # [head, T]
+        return data.mean(axis=0) if index is None else data[index].copy()
+
+    def seen_by(self, layer: int | None = None) -> np.ndarray:
+        """How many queries see each key: ``[T]`` int64 (of ``layer``'s window)."""
+        size = self.num_tokens
+        window = self.window if layer is None else self.windows[self._layer(layer)]
+        j = np.arange(size)
+        count = size - j if self.causal else np.full(size, size)
+        return np.minimum(count, window) if window else count
+
+    def sinks(self, threshold: float = 0.3) -> np.ndarray:
+        """Attention sinks (Gu et al., 2024): for each token ``j``, the fraction of recorded
+        (layer, head) pairs whose mean attention to ``j`` over the queries that see it
+        exceeds ``threshold``. ``[T]`` float64."""
+        if not 0.0 < float(threshold) < 1.0:
+            raise UsageError(f"threshold must be between 0 and 1, got {threshold}")
+        summary = self.summarise()
+        total = np.zeros(self.num_tokens)
+        for position, layer in enumerate(self.layers):
+            mean = summary.received[position] / self.seen_by(layer)[None, :]  # [head, T]
+            total += (mean > threshold).sum(axis=0)
+        return total / (len(self.layers) * self.num_heads)

@@ -1,0 +1,360 @@
+"""The capture seam: record queries, keys and log-sum-exp while the model runs its own kernel.
+
+transformers routes every attention call of a modern model through its attention-function
+registry (``ALL_ATTENTION_FUNCTIONS``, keyed by ``config._attn_implementation``). For one
+forward pass :func:`capture_long` registers a wrapper under a name of its own
+(``attnviz-long-sdpa`` and so on), points the model's configurations at it, and puts them back
+in ``finally``. The wrapper receives exactly what the kernel gets (queries and keys after
+RoPE, before grouped-query expansion, the mask, ``scaling``, ``sliding_window``), records
+them for the selected layers, computes each query row's log-sum-exp and then calls the
+original function, so the model's outputs come from its own kernel (sdpa, flash or eager).
+The mask function registered beside it is the base implementation's, so the model builds the
+masks it always builds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import shutil
+import sys
+import tempfile
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+import attnviz.long.kernels as kernels
+from attnviz.errors import UsageError
+from attnviz.long.record import (
+    STORAGE_DTYPES,
+    LongCapture,
+    LongUnsupported,
+    layer_file,
+    to_storage,
+    write_sidecar,
+)
+
+_PREFIX = "attnviz-long-"
+_ACTIVE: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar(
+    "attnviz_long_recorder", default=None)
+# Keyword arguments that change the scores in ways the weights here do not reproduce.
+_UNSUPPORTED_KWARGS = {"softcap": "logit softcapping", "s_aux": "attention sinks (s_aux)",
+                       "position_bias": "a relative position bias", "sinks": "attention sinks"}
+
+
+@dataclass
+class _Recorder:
+    """What one forward pass records; the wrapper fills it layer by layer."""
+
+    layers: list[int]
+    folder: Path
+    dtype: str
+    budget: int
+    calls: int = 0
+    scales: dict[int, float] = field(default_factory=dict)
+    windows: dict[int, int | None] = field(default_factory=dict)
+    causal: bool | None = None
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    num_tokens: int = 0
+    problem: str | None = None
+
+    def record(self, module: Any, query: torch.Tensor, key: torch.Tensor,
+               mask: torch.Tensor | None, scaling: float | None,
+               kwargs: dict[str, Any]) -> bool:
+        """Record one attention call; returns whether it was the last layer wanted."""
+        layer = self.calls
+        self.calls += 1
+        if layer not in self.layers:
+            return False
+        for name, what in _UNSUPPORTED_KWARGS.items():
+            if kwargs.get(name) is not None:
+                raise LongUnsupported(f"layer {layer} uses {what}, which the long capture does "
+                                      "not reproduce")
+        if query.shape[0] != 1 or key.shape[0] != 1:
+            raise LongUnsupported("the long capture takes one text at a time (batch size 1)")
+        if query.shape[2] != key.shape[2]:
+            raise LongUnsupported("the attention call had queries and keys of different "
+                                  "lengths (a key/value cache or cross-attention)")
+        heads, kv_heads = int(query.shape[1]), int(key.shape[1])
+        if kv_heads < 1 or heads % kv_heads:
+            raise LongUnsupported(f"layer {layer} has {heads} query heads and {kv_heads} key "
+                                  "heads, not a grouped-query layout")
+        causal = kwargs.get("is_causal")
+        if causal is None:
+            causal = getattr(module, "is_causal", None)
+        if causal is None:
+            raise LongUnsupported(f"layer {layer}'s attention module does not say whether it "
+                                  "is causal (no is_causal attribute)")
+        window = kwargs.get("sliding_window")
+        window = int(window) if window else None
+        if window is not None and not causal:
+            raise LongUnsupported("a sliding window in a bidirectional model is not supported")
+        size = int(query.shape[2])
+        if window is not None and window >= size:
+            window = None  # the window covers the whole text: plain causal attention
+        scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+        _check_mask(mask, size, bool(causal), window, layer)
+        q = _rounded(query[0].detach(), self.dtype)  # [head, T, dim] float32
+        k = _rounded(key[0].detach(), self.dtype)  # [kv_head, T, dim] float32
+        lse = kernels.lse_chunked(q, k, scale, bool(causal), window, self.budget)
+        for kind, tensor in (("q", q), ("k", k), ("lse", lse)):
+            array = tensor if kind == "lse" else to_storage(tensor, self.dtype)
+            _write_npy(self.folder, layer_file(kind, layer), array)
+        self.scales[layer] = scale
+        self.windows[layer] = window
+        if self.causal is not None and self.causal != bool(causal):
+            raise LongUnsupported("the model mixes causal and bidirectional layers")
+        self.causal = bool(causal)
+        self.num_kv_heads, self.head_dim, self.num_tokens = kv_heads, int(query.shape[-1]), size
+        return layer == max(self.layers)
+
+
+def _rounded(tensor: torch.Tensor, dtype: str) -> torch.Tensor:
+    """float32 copy of ``tensor`` as it will be stored (rounded to the 16-bit type first), so
+    the log-sum-exp normalises exactly the weights that are read back."""
+    if dtype != "float32":
+        tensor = tensor.to(getattr(torch, dtype))
+    return tensor.to(torch.float32).contiguous()
+
+
+def _write_npy(folder: Path, name: str, array: torch.Tensor | np.ndarray) -> None:
+    from attnviz.fileio import atomic_write
+
+    data = array.detach().cpu().numpy() if isinstance(array, torch.Tensor) else array
+    atomic_write(folder / name, lambda handle: np.save(handle, data, allow_pickle=False),
+                 root=folder)
+
+
+def _check_mask(mask: torch.Tensor | None, size: int, causal: bool, window: int | None,
+                layer: int) -> None:
+    """Check a few rows of the mask the kernel gets against the mask the weights assume.
+
+    A mask is only passed when it cannot be skipped (a sliding window shorter than the text,
+    or a bias); anything other than the causal/window pattern (an ALiBi or relative bias, a
+    padding mask) cannot be reproduced from queries and keys alone.
+    """
+    if mask is None:
+        return
+    if mask.dim() != 4 or mask.shape[-1] < size or mask.shape[-2] < size:
+        raise LongUnsupported(f"layer {layer} gets an attention mask of shape "
+                              f"{tuple(mask.shape)}, which the long capture cannot read")
+    rows = sorted({0, 1, size // 3, size // 2, size - 2, size - 1} & set(range(size)))
+    picked = mask[0, :, rows, :size].to("cpu")  # [head or 1, rows, T]
+    if picked.dtype == torch.bool:
+        allowed = picked
+    else:
+        finite = picked.float()
+        # Masked positions hold the dtype's minimum (or -inf), visible ones 0: any other
+        # value is a bias the weights here would miss.
+        allowed = finite > torch.finfo(finite.dtype).min / 2
+        if bool((finite[allowed] != 0).any()):
+            raise LongUnsupported(f"layer {layer} adds a position bias to its scores (ALiBi or "
+                                  "relative positions), which the long capture does not "
+                                  "reproduce")
+    for n, row in enumerate(rows):
+        line = torch.zeros(1, size)
+        kernels.apply_mask(line, row, 0, causal, window)
+        want = line[0] > kernels.MASKED_BELOW
+        if not bool((allowed[:, n, :] == want).all()):
+            raise LongUnsupported(f"layer {layer}'s attention mask is not the causal/window "
+                                  "pattern the long capture assumes (padding or a custom mask)")
+
+
+def _wrapper(base: str) -> Callable[..., Any]:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
+        recorder = _ACTIVE.get()
+        last = False
+        if recorder is not None:
+            scaling = kwargs.get("scaling", args[1] if len(args) > 1 else None)
+            last = recorder.record(module, query, key, attention_mask, scaling, kwargs)
+        if base == "eager":
+            # Each model file has its own eager function (GPT-2's and BERT's differ).
+            original: Any = getattr(sys.modules[type(module).__module__],
+                                    "eager_attention_forward", None)
+            if original is None:
+                raise LongUnsupported(f"{type(module).__name__} has no eager attention "
+                                      "function to run")
+        elif base == "sdpa":
+            original = sdpa_attention_forward
+        else:
+            original = AttentionInterface._global_mapping[base]
+        if last:
+            from attnviz.models.hooks import StopForward
+
+            raise StopForward
+        return original(module, query, key, value, attention_mask, *args, **kwargs)
+
+    return attention
+
+
+_REGISTERED: set[str] = set()
+
+
+def _register(base: str) -> str:
+    """Register the recording wrapper around ``base`` (once); returns its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    name = _PREFIX + base
+    if name not in _REGISTERED:
+        AttentionInterface.register(name, _wrapper(base))
+        mask = cast(Callable[..., Any], AttentionMaskInterface._global_mapping[base])
+        AttentionMaskInterface.register(name, mask)
+        _REGISTERED.add(name)
+    return name
+
+
+def _base_implementation(hf_model: Any) -> str:
+    """The kernel the capture runs: the model's own, or sdpa for a model loaded eager (the
+    eager kernel builds each layer's ``T x T`` weights) when it supports sdpa."""
+    from transformers import AttentionInterface
+
+    current = str(getattr(hf_model.model.config, "_attn_implementation", None) or "eager")
+    if current == "eager":
+        return "sdpa" if getattr(hf_model, "_supports_sdpa", False) else "eager"
+    if current.startswith(_PREFIX):
+        current = current[len(_PREFIX):]
+    if current != "sdpa" and current not in AttentionInterface._global_mapping:
+        raise LongUnsupported(f"the model runs {current!r} attention, which the long capture "
+                              "does not know")
+    return current
+
+
+def _configs(model: Any) -> list[Any]:
+    """Every configuration object the model's attention code may read (no duplicates)."""
+    found: dict[int, Any] = {}
+    pending = [getattr(model, "config", None)]
+    pending += [getattr(module, "config", None) for module in model.modules()]
+    while pending:
+        config = pending.pop()
+        if config is None or id(config) in found or not hasattr(config, "_attn_implementation"):
+            continue
+        found[id(config)] = config
+        for key in getattr(config, "sub_configs", None) or ():
+            pending.append(getattr(config, key, None))
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def _routed(model: Any, name: str) -> Iterator[None]:
+    """Point every configuration of ``model`` at the attention function ``name``; restore
+    them in ``finally``."""
+    missing = object()
+    configs = _configs(model)
+    saved = [(config, config.__dict__.get("_attn_implementation_internal", missing))
+             for config in configs]
+    try:
+        for config in configs:
+            # The private field: the property setter validates names against the hub's list.
+            config.__dict__["_attn_implementation_internal"] = name
+        yield
+    finally:
+        for config, value in saved:
+            if value is missing:
+                config.__dict__.pop("_attn_implementation_internal", None)
+            else:
+                config.__dict__["_attn_implementation_internal"] = value
+
+
+def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
+                 layers: list[int] | None = None, max_tokens: int | None = None,
+                 dtype: str = "float32", folder: str | Path | None = None,
+                 chunk_bytes: int = kernels.DEFAULT_CHUNK_BYTES) -> LongCapture:
+    """Capture queries, keys and log-sum-exp of ``text`` while the model runs its own kernel.
+
+    Args:
+        hf_model: a loaded :class:`attnviz.models.hf.HFSource`.
+        text: the input; ``pair`` an optional second sentence.
+        layers: model layers to record (absolute or negative); all when ``None``.
+        max_tokens: an extra limit on the number of tokens (longer texts are truncated, with
+            a warning in ``meta["warnings"]``).
+        dtype: how queries and keys are stored: ``float32``, ``float16`` or ``bfloat16``
+            (log-sum-exp is always float32).
+        folder: where the files go (created; must not hold another capture's files); a
+            temporary folder removed with the capture when ``None``.
+        chunk_bytes: bytes one chunk of scores may take.
+
+    Returns:
+        The :class:`LongCapture`, memory-mapped from ``folder``.
+
+    Raises:
+        LongUnsupported: the model cannot be captured this way (use ``hf_model.capture``).
+        UsageError: a bad ``dtype``, layer or ``chunk_bytes``.
+        InputError: an empty text.
+    """
+    if dtype not in STORAGE_DTYPES:
+        raise UsageError(f"invalid dtype {dtype!r} for a long capture: expected "
+                         f"{', '.join(STORAGE_DTYPES)}")
+    if chunk_bytes < 1 << 20:
+        raise UsageError(f"chunk_bytes must be at least 1 MiB, got {chunk_bytes}")
+    model = getattr(hf_model, "model", None)
+    if model is None or not hasattr(hf_model, "encode"):
+        raise UsageError("capture_long needs a Hugging Face model source (HFSource)")
+    keep, _heads = hf_model._selection(layers, None)
+    enc, warnings = hf_model.encode(text, pair, max_tokens, True)
+    base = _base_implementation(hf_model)
+    name = _register(base)
+    temporary = folder is None
+    target = Path(tempfile.mkdtemp(prefix="attnviz-long-")) if folder is None else Path(folder)
+    from attnviz.fileio import ensure_dir
+
+    ensure_dir(target)
+    recorder = _Recorder(layers=sorted(keep), folder=target, dtype=dtype, budget=chunk_bytes)
+    token = _ACTIVE.set(recorder)
+    try:
+        _run(hf_model, enc, name)
+    except BaseException:
+        if temporary:
+            shutil.rmtree(target, ignore_errors=True)
+        raise
+    finally:
+        _ACTIVE.reset(token)
+    missing = [layer for layer in recorder.layers if layer not in recorder.scales]
+    if missing:
+        if temporary:
+            shutil.rmtree(target, ignore_errors=True)
+        raise LongUnsupported(
+            f"{hf_model.name} ({hf_model.model_type}) does not run its attention through "
+            f"transformers' attention functions (layer {missing[0]} was never seen)",
+            "capture it the usual way, with a shorter text")
+    tokens, word_ids, special = hf_model.tokens_of(enc)
+    meta: dict[str, Any] = {
+        "source": "huggingface", "model_type": hf_model.model_type,
+        "revision": hf_model.revision, "device": str(hf_model.device),
+        "model_dtype": str(hf_model.dtype).replace("torch.", ""), "kernel": base,
+        "warnings": warnings, "identity": hf_model.identity()}
+    sidecar = {
+        "model": hf_model.name, "text": text, "pair": pair, "tokens": tokens,
+        "display_tokens": hf_model.display_of(tokens, special), "word_ids": word_ids,
+        "special": special, "layers": recorder.layers, "num_layers": hf_model.num_layers,
+        "num_heads": hf_model.num_heads, "num_kv_heads": recorder.num_kv_heads,
+        "head_dim": recorder.head_dim, "dtype": dtype, "causal": bool(recorder.causal),
+        "scales": [recorder.scales[layer] for layer in recorder.layers],
+        "windows": [recorder.windows[layer] for layer in recorder.layers], "meta": meta}
+    write_sidecar(target, sidecar)
+    capture = LongCapture.open(target)
+    if temporary:
+        capture._cleanup = weakref.finalize(capture, shutil.rmtree, str(target), True)
+    return capture
+
+
+def _run(hf_model: Any, enc: Any, name: str) -> None:
+    from attnviz.models.hooks import StopForward
+
+    inputs = hf_model._model_inputs(enc)
+    with torch.inference_mode(), _routed(hf_model.model, name):
+        try:
+            hf_model._call(inputs)
+        except StopForward:
+            pass
