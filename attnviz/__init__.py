@@ -30,7 +30,7 @@ from attnviz._version import __version__
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
-    from attnviz.generation import Generation
+    from attnviz.long.generate import Generation
     from attnviz.notebook import AttentionView
     from attnviz.session import Session
 

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from attnviz.capture import Capture
-    from attnviz.generation import Generation, Step
+    from attnviz.long.generate import Generation, Step
     from attnviz.models import AttentionSource, ModelShape, ModelSpec
     from attnviz.models.hf import HFSource
     from attnviz.request import CaptureRequest
@@ -230,7 +230,7 @@ class Session:
 
         load: Callable[[ModelSpec], AttentionSource] = load_source
         if causal_lm:  # generate: the model with its language-model head and fused kernel
-            from attnviz.generation import load_causal_lm as load
+            from attnviz.long.generate import load_causal_lm as load
         if spec.trust_remote_code and spec.name != TOY_MODEL and self.warn is not None:
             self.warn(f"--trust-remote-code is on: Python code that comes with the model "
                       f"{spec.name} will run on this machine with your permissions; use it "
@@ -630,7 +630,7 @@ class Session:
                  on_step: Callable[[Step], None] | None = None,
                  **options: Any) -> Generation:
         """Generate after ``prompt`` with the KV cache and the model's own kernel, recording
-        each generated token's attention rows (:mod:`attnviz.generation`).
+        each generated token's attention rows (:mod:`attnviz.long.generate`).
 
         Args:
             prompt: the text to continue.
@@ -640,14 +640,14 @@ class Session:
             sample: sample instead of greedy decoding; ``seed`` repeats a sample.
             layers: layers to record, as ``"0,2-4"`` or a list (``None``: all); ``heads`` too.
             max_tokens: a limit on the prompt's tokens; ``truncate`` cuts past it.
-            on_step: called with each :class:`~attnviz.generation.Step` as it comes.
+            on_step: called with each :class:`~attnviz.long.generate.Step` as it comes.
             **options: model options of :class:`~attnviz.models.ModelSpec`.
 
         Returns:
-            The :class:`~attnviz.generation.Generation`: tokens, text and rows
+            The :class:`~attnviz.long.generate.Generation`: tokens, text and rows
             ``[layer, head, step, key]``.
         """
-        from attnviz.generation import check_causal_lm, check_max_new_tokens, generate
+        from attnviz.long.generate import check_causal_lm, check_max_new_tokens, generate
 
         spec = make_spec(model, **options)
         layer_text, head_text = _checked_request(prompt, None, layers, heads, max_tokens)

@@ -4,7 +4,7 @@ On a random-weight Llama (grouped-query attention, RoPE) saved to a temporary fo
 greedy generations of the same ``--new`` tokens after a ``--prompt``-token prompt, in one run:
 
 * ``sdpa``: ``model.generate`` with the model's fused kernel and the key/value cache (the floor);
-* ``attnviz``: :func:`attnviz.generation.generate`, the same kernel and cache plus one row per
+* ``attnviz``: :func:`attnviz.long.generate.generate`, the same kernel and cache plus one row per
   layer and head per step, recomputed from the query and the cached keys;
 * ``eager``: what tools do today, ``generate(output_attentions=True)`` with eager attention.
 
@@ -84,7 +84,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from attnviz.generation import generate, load_causal_lm
+    from attnviz.long.generate import generate, load_causal_lm
     from attnviz.models import ModelSpec
 
     with tempfile.TemporaryDirectory(prefix="attnviz-bench-generate-") as tmp:

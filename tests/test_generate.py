@@ -224,7 +224,7 @@ def test_steps_arrive_as_generated(lm_dirs: dict[str, Path], session: Session) -
 
 
 def test_save_and_load(lm_dirs: dict[str, Path], session: Session, tmp_path: Path) -> None:
-    from attnviz.generation import load_generation
+    from attnviz.long.generate import load_generation
 
     result = session.generate(PROMPT, model=str(lm_dirs["llama"]), max_new_tokens=4,
                               device="cpu", heads="1-2")
@@ -247,7 +247,7 @@ def test_package_root_and_errors(lm_dirs: dict[str, Path], monkeypatch: pytest.M
                                  ) -> None:
     import attnviz
     import attnviz.session as session_module
-    from attnviz.generation import _RowRecorder
+    from attnviz.long.generate import _RowRecorder
 
     monkeypatch.setattr(session_module, "_DEFAULT", Session(use_cache=False))
     assert "generate" in attnviz.__all__
@@ -306,7 +306,7 @@ def test_cli_formats(invoke: Any, lm_dirs: dict[str, Path], session: Session,
 
 def test_cli_dump_round_trip(invoke: Any, lm_dirs: dict[str, Path], session: Session,
                              tmp_path: Path) -> None:
-    from attnviz.generation import load_generation
+    from attnviz.long.generate import load_generation
 
     folder = str(lm_dirs["mistral"])
     result = invoke("generate", PROMPT, "-m", folder, "-n", 4, "--device", "cpu", "--layers",

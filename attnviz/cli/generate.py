@@ -32,7 +32,7 @@ from attnviz.cli._common import (
 from attnviz.cli.core import TableFormat, _parse_head, key_label
 
 if TYPE_CHECKING:
-    from attnviz.generation import Generation
+    from attnviz.long.generate import Generation
 
 GENERATE_CSV_COLUMNS = ("step", "position", "token", "rank", "key_index", "key", "weight")
 

@@ -23,7 +23,7 @@ from attnviz.errors import AttnvizError, UsageError
 from attnviz.server.requests import ApiError
 
 if TYPE_CHECKING:
-    from attnviz.generation import Step
+    from attnviz.long.generate import Step
     from attnviz.server.engine import Engine
     from attnviz.server.requests import GenerateRequest
 
@@ -51,7 +51,7 @@ async def generation_lines(engine: Engine, body: GenerateRequest,
 
     ``submit`` runs the blocking generation on a worker thread (the server's pool).
     """
-    from attnviz.generation import check_causal_lm, check_max_new_tokens
+    from attnviz.long.generate import check_causal_lm, check_max_new_tokens
     from attnviz.session import spec_key
 
     if isinstance(body.head, list):

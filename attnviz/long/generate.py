@@ -1,12 +1,14 @@
 """Attention of generated tokens: generation with the key/value cache and the model's own kernel.
 
-The model runs :meth:`generate` as usual (``sdpa``, the key/value cache). A recording wrapper
-registered in transformers' attention-function registry (``AttentionInterface``) calls that
-kernel for the layer's output and, beside it, computes one attention row per head: the row of
-the query that produced the next token, ``softmax(scale * q . K^T + mask)``, from the query and
-the cached keys the kernel is given (after RoPE, before grouped-query expansion: each query head
-reads its key/value head group itself), under the causal mask, the sliding window and the
-mask the model built. That is one row per layer and head per step, over all tokens so far::
+The model runs :meth:`generate` as usual (``sdpa``, the key/value cache), through the long
+capture's seam (:mod:`attnviz.long.seam`): its wrapper in transformers' attention-function
+registry (``AttentionInterface``) hands each attention call to the recorder here and runs the
+model's own kernel for the layer's output. The recorder computes one attention row per head:
+the row of the query that produced the next token, ``softmax(scale * q . K^T + mask)``, from
+the query and the cached keys the kernel is given (after RoPE, before grouped-query expansion:
+each query head reads its key/value head group itself), under the causal mask, the sliding
+window and the mask the model built. That is one row per layer and head per step, over all
+tokens so far::
 
     from attnviz.session import Session
     result = Session().generate("The cat sat on the", model="./my-gpt2", max_new_tokens=8)
@@ -25,13 +27,12 @@ rows ``P - 1 .. P + steps - 2`` of an eager capture of the whole sequence.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -51,7 +52,6 @@ FORMAT_NAME = "attnviz-generation"
 FORMAT_VERSION = 1
 ROWS_NAME = "rows.npy"
 JSON_NAME = "generation.json"
-_SEAM_PREFIX = "attnviz_rows_"  # registered as attnviz_rows_<the model's own implementation>
 
 
 # --------------------------------------------------------------------------- the result
@@ -257,52 +257,20 @@ def load_generation(folder: Path | str) -> Generation:
 
 
 # --------------------------------------------------------------------------- the seam
-_ACTIVE: contextvars.ContextVar[_RowRecorder | None] = contextvars.ContextVar(
-    "attnviz_row_recorder", default=None)
-
-
-def _recording_attention(original: str) -> Any:
-    """The registry entry ``attnviz_rows_<original>``: the model's own kernel for the output,
-    and the active recorder (if any) gets the last query's attention row."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
-        output = ALL_ATTENTION_FUNCTIONS[original](module, query, key, value, attention_mask,
-                                                   *args, **kwargs)
-        recorder = _ACTIVE.get()
-        if recorder is not None:
-            recorder.record(module, query, key, attention_mask, kwargs)
-        return output
-
-    return attention
-
-
-def register_seam(original: str = "sdpa") -> str:
-    """Register the recording wrapper of ``original`` (and its mask function) with
-    transformers; returns the name to switch a model to. Idempotent."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
-    name = _SEAM_PREFIX + original
-    if name not in AttentionInterface._global_mapping:
-        AttentionInterface.register(name, _recording_attention(original))
-        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
-    return name
-
-
 @contextlib.contextmanager
-def recording(model: Any, recorder: _RowRecorder) -> Iterator[None]:
-    """Run ``model`` through the seam while the block runs; restores its implementation."""
-    original = str(model.config._attn_implementation)
-    if original.startswith(_SEAM_PREFIX):  # a block inside another one on the same model
-        original = original[len(_SEAM_PREFIX):]
-    token = _ACTIVE.set(recorder)
-    model.set_attn_implementation(register_seam(original))
+def recording(source: HFSource, recorder: _RowRecorder) -> Iterator[None]:
+    """Route the model through the long capture's seam (:mod:`attnviz.long.seam`) while the
+    block runs: its wrapper in transformers' attention-function registry hands every attention
+    call to ``recorder``, then runs the model's own kernel; the model's configurations are put
+    back in ``finally``."""
+    from attnviz.long.seam import _ACTIVE, _base_implementation, _register, _routed
+
+    name = _register(_base_implementation(source))
+    token = _ACTIVE.set(cast("Any", recorder))  # any object with the recorder's record()
     try:
-        yield
+        with _routed(source.model, name):
+            yield
     finally:
-        model.set_attn_implementation(original)
         _ACTIVE.reset(token)
 
 
@@ -322,7 +290,16 @@ class _RowRecorder:
         self._index: torch.Tensor | None = None  # self.heads on the model's device
 
     def record(self, module: Any, query: torch.Tensor, key: torch.Tensor,
-               mask: torch.Tensor | None, kwargs: dict[str, Any]) -> None:
+               mask: torch.Tensor | None, scaling: float | None, kwargs: dict[str, Any]
+               ) -> bool:
+        """Record the last query's row of one attention call; never asks the seam to stop
+        the forward pass (``False``)."""
+        self._record(module, query, key, mask, scaling, kwargs)
+        return False
+
+    def _record(self, module: Any, query: torch.Tensor, key: torch.Tensor,
+                mask: torch.Tensor | None, scaling: float | None,
+                kwargs: dict[str, Any]) -> None:
         import torch
 
         if self.first is None:
@@ -347,7 +324,6 @@ class _RowRecorder:
         with torch.no_grad():
             q = query[0, heads, -1, :].float()  # (h, d)
             k = key[0, heads // group, :, :].float()  # (h, kv, d): each head's own group
-            scaling = kwargs.get("scaling")
             if scaling is None:
                 scaling = getattr(module, "scaling", None) or q.shape[-1] ** -0.5
             scores = torch.einsum("hd,hkd->hk", q, k) * float(scaling)  # (h, kv)
@@ -547,7 +523,7 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
     if on_step is not None:
         options["streamer"] = _Steps(source, recorder, enc["input_ids"][0].tolist(), on_step)
     fork = torch.random.fork_rng(devices=[]) if sample else contextlib.nullcontext()
-    with fork, torch.inference_mode(), recording(model, recorder):
+    with fork, torch.inference_mode(), recording(source, recorder):
         if sample:
             torch.manual_seed(seed if seed is not None else 0)
         try:
@@ -643,4 +619,4 @@ def _result(source: HFSource, prompt: str, ids: list[int], prompt_length: int,
 
 __all__ = ["Generation", "MAX_NEW_TOKENS", "Step", "check_causal_lm", "generate", "load_causal_lm",
            "load_generation",
-           "register_seam", "recording", "check_max_new_tokens"]
+           "recording", "check_max_new_tokens"]
