@@ -30,11 +30,12 @@ from attnviz._version import __version__
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
+    from attnviz.long.generate import Generation
     from attnviz.notebook import AttentionView
     from attnviz.session import Session
 
-__all__ = ["__version__", "Capture", "Session", "capture", "capture_text", "load_capture",
-           "show"]
+__all__ = ["__version__", "Capture", "Session", "capture", "capture_text", "generate",
+           "load_capture", "show"]
 
 
 def capture_text(text: str, model: str | None = None, pair: str | None = None, **options: Any
@@ -51,6 +52,23 @@ def capture_text(text: str, model: str | None = None, pair: str | None = None, *
     from attnviz.session import default_session
 
     return default_session().capture(text, pair, model=model, **options)
+
+
+def generate(prompt: str, model: str | None = None, *, max_new_tokens: int = 20,
+             **options: Any) -> Generation:
+    """Generate up to ``max_new_tokens`` tokens after ``prompt`` with a causal language model
+    (its key/value cache and its own attention kernel) and record which tokens each generated
+    token attended to: ``result.rows`` is ``[layer, head, step, key]``, ``result.top_k()``
+    lists the strongest keys per generated token.
+
+    Goes through :func:`attnviz.session.default_session` (the model stays warm). Options:
+    ``sample``, ``seed``, ``layers``, ``heads``, ``max_tokens``, ``truncate`` and the model
+    options of :class:`attnviz.models.ModelSpec`; see :meth:`attnviz.session.Session.generate`.
+    """
+    from attnviz.session import default_session
+
+    return default_session().generate(prompt, model=model, max_new_tokens=max_new_tokens,
+                                      **options)
 
 
 def capture(model: Any, tokenizer: Any, text: str, pair: str | None = None, *,

@@ -60,7 +60,8 @@ class NotAFileError(OutputError):
 # The same errors reach Python callers (attnviz.capture_text, Session, attnviz.capture), who
 # pass keyword arguments rather than command-line options: their messages name those.
 _FLAG_NAMES = [  # (option, keyword); an option followed by its value becomes keyword=value
-    ("--max-tokens", "max_tokens"), ("--batch-size", "batch_size"), ("--layers", "layers"),
+    ("--max-new-tokens", "max_new_tokens"), ("--max-tokens", "max_tokens"),
+    ("--batch-size", "batch_size"), ("--layers", "layers"),
     ("--heads", "heads"), ("--dtype", "dtype"), ("--device-map", "device_map"),
     ("--device", "device"), ("--model", "model"), ("--revision", "revision"),
     ("--toy-heads", "toy['heads']"), ("--toy-layers", "toy['layers']"),
@@ -71,6 +72,7 @@ _FLAG_NAMES = [  # (option, keyword); an option followed by its value becomes ke
 _KNOWN_VALUES = {"minilm", "toy", "auto", "cpu", "cuda", "mps", "float32", "float16", "bfloat16"}
 _FLAG_SWITCHES = [("--no-truncate", "truncate=False"), ("--truncate", "truncate=True"),
                   ("--no-cache", "use_cache=False"), ("--float16", "float16=True"),
+                  ("--sample", "sample=True"),
                   ("--trust-remote-code", "trust_remote_code=True"),
                   ("--server", "a RemoteSession")]
 _QUOTED = r"('[^'\n]*'|\"[^\"\n]*\")"  # the user's own text, shown quoted: never rewritten

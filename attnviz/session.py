@@ -25,7 +25,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -40,75 +39,25 @@ from attnviz.checks import (  # noqa: F401 - re-exported for callers of the sess
 )
 from attnviz.errors import AttnvizError, InputError, UsageError
 from attnviz.long_session import LongPath
+from attnviz.models.specs import (  # noqa: F401 - re-exported for the server and client
+    _text_pairs,
+    make_spec,
+    spec_key,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from attnviz.capture import Capture
     from attnviz.long import LongCapture
+    from attnviz.long.generate import Generation, Step
     from attnviz.models import AttentionSource, ModelShape, ModelSpec
+    from attnviz.models.hf import HFSource
     from attnviz.request import CaptureRequest
 
 Warn = Callable[[str], None]
 Selection = str | int | Sequence[int] | None
 _T = TypeVar("_T")
-
-_SPEC_KEYS = ("revision", "trust_remote_code", "device", "dtype", "toy", "device_map",
-              "max_memory")
-
-
-def make_spec(model: str | ModelSpec | None = None, **options: Any) -> ModelSpec:
-    """A :class:`~attnviz.models.ModelSpec` from a name (default model when ``None``)."""
-    from attnviz.models import ModelSpec, default_model
-
-    unknown = set(options) - set(_SPEC_KEYS)
-    if unknown:
-        raise UsageError(f"unknown model option(s): {', '.join(sorted(unknown))}",
-                         f"model options are {', '.join(_SPEC_KEYS)}")
-    from attnviz.models import check_spec
-
-    if "toy" in options:
-        options["toy"] = _toy_config(options["toy"])
-    if isinstance(model, ModelSpec):
-        spec = dataclasses.replace(model, **options) if options else model
-    elif model is not None and not isinstance(model, str):
-        raise UsageError(f"model must be a name such as \"minilm\", \"toy\", a Hugging Face id "
-                         f"or a folder, not {type(model).__name__}",
-                         "for a model object you already hold, use "
-                         "attnviz.capture(model, tokenizer, text)")
-    else:
-        spec = ModelSpec(name=model or default_model(), **options)
-    check_spec(spec)  # before the cache is asked: a cached entry must not hide a bad option
-    return spec
-
-
-def _toy_config(value: Any) -> Any:
-    """The toy model's settings from a :class:`ToyConfig` or a dict of its fields."""
-    from attnviz.models.toy import ToyConfig
-
-    if value is None or isinstance(value, ToyConfig):
-        return value
-    fields = [f.name for f in dataclasses.fields(ToyConfig)]
-    if not isinstance(value, dict):
-        raise UsageError(f"toy must be a ToyConfig or a dict, not {type(value).__name__}",
-                         f"e.g. toy={{\"layers\": 2, \"heads\": 4}} (fields: "
-                         f"{', '.join(fields)})")
-    unknown = sorted(str(k) for k in set(value) - set(fields))
-    if unknown:
-        raise UsageError(f"unknown toy setting(s): {', '.join(unknown)}",
-                         f"the toy model's settings are {', '.join(fields)}")
-    for name, item in value.items():
-        flag = name in ("causal", "scale")
-        if isinstance(item, bool) != flag or not isinstance(item, int):
-            raise UsageError(f"toy setting {name} must be "
-                             f"{'True or False' if flag else 'a whole number'}, not {item!r:.40}")
-    return ToyConfig(**value)
-
-
-def spec_key(spec: ModelSpec) -> str:
-    """A stable text key of a model spec (the session's LRU key)."""
-    return json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str)
-
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
@@ -174,7 +123,10 @@ class Session(LongPath):
     def source(self, model: str | ModelSpec | None = None, **options: Any) -> AttentionSource:
         """The loaded model (from the warm set, or loaded now and kept)."""
         spec = make_spec(model, **options)
-        key = spec_key(spec)
+        return self._kept(spec_key(spec), functools.partial(self._load, spec))
+
+    def _kept(self, key: str, load: Callable[[], AttentionSource]) -> AttentionSource:
+        """The model kept warm under ``key``, or ``load()`` now (one load per key at a time)."""
         with self._lock:
             source = self._warm(key)
             if source is not None:
@@ -188,7 +140,7 @@ class Session(LongPath):
                     source = self._warm(key)
                 if source is not None:
                     return source
-                source = self._load(spec)
+                source = load()
                 with self._lock:
                     self._models[key] = source
                     self._model_locks.setdefault(key, threading.Lock())
@@ -226,9 +178,12 @@ class Session(LongPath):
             self._models.pop(key, None)
             self._model_locks.pop(key, None)
 
-    def _load(self, spec: ModelSpec) -> AttentionSource:
+    def _load(self, spec: ModelSpec, *, causal_lm: bool = False) -> AttentionSource:
         from attnviz.models import TOY_MODEL, load_source
 
+        load: Callable[[ModelSpec], AttentionSource] = load_source
+        if causal_lm:  # generate: the model with its language-model head and fused kernel
+            from attnviz.long.generate import load_causal_lm as load
         if spec.trust_remote_code and spec.name != TOY_MODEL and self.warn is not None:
             self.warn(f"--trust-remote-code is on: Python code that comes with the model "
                       f"{spec.name} will run on this machine with your permissions; use it "
@@ -237,9 +192,9 @@ class Session(LongPath):
                                               and spec.name != TOY_MODEL) else None
         if context is not None and hasattr(context, "__enter__"):
             with context:
-                source = load_source(spec)
+                source = load(spec)
         else:
-            source = load_source(spec)
+            source = load(spec)
         self.loads += 1
         return source
 
@@ -690,6 +645,54 @@ class Session(LongPath):
                                        truncate=truncate, use_cache=cache_on, write=write_cache,
                                        check=check, warn=self._cache_warn, measure=measure)
 
+    @_for_callers
+    def generate(self, prompt: str, *, model: str | ModelSpec | None = None,
+                 max_new_tokens: int = 20, sample: bool = False, seed: int | None = None,
+                 layers: Selection = None, heads: Selection = None,
+                 max_tokens: int | None = None, truncate: bool = True,
+                 on_step: Callable[[Step], None] | None = None,
+                 **options: Any) -> Generation:
+        """Generate after ``prompt`` with the KV cache and the model's own kernel, recording
+        each generated token's attention rows (:mod:`attnviz.long.generate`).
+
+        Args:
+            prompt: the text to continue.
+            model: a decoder-only causal language model (name, folder or spec); the model
+                with its head is kept warm beside the captures' models.
+            max_new_tokens: at most this many tokens (1 to 4096); fewer at end of sequence.
+            sample: sample instead of greedy decoding; ``seed`` repeats a sample.
+            layers: layers to record, as ``"0,2-4"`` or a list (``None``: all); ``heads`` too.
+            max_tokens: a limit on the prompt's tokens; ``truncate`` cuts past it.
+            on_step: called with each :class:`~attnviz.long.generate.Step` as it comes.
+            **options: model options of :class:`~attnviz.models.ModelSpec`.
+
+        Returns:
+            The :class:`~attnviz.long.generate.Generation`: tokens, text and rows
+            ``[layer, head, step, key]``.
+        """
+        from attnviz.long.generate import check_causal_lm, check_max_new_tokens, generate
+
+        spec = make_spec(model, **options)
+        layer_text, head_text = _checked_request(prompt, None, layers, heads, max_tokens)
+        check_max_new_tokens(max_new_tokens)
+        check_causal_lm(spec)  # from config.json, before any weights load
+        self.validate(spec, layers=layer_text, heads=head_text)
+        key = "generate " + spec_key(spec)
+        source = self._kept(key, functools.partial(self._load, spec, causal_lm=True))
+        layer_list, head_list = _resolve(source, layer_text, head_text)
+        with self._lock:
+            lock = self._model_locks.setdefault(key, threading.Lock())
+        with lock:
+            result = generate(cast("HFSource", source), prompt,
+                              max_new_tokens=max_new_tokens, sample=sample, seed=seed,
+                              layers=layer_list, heads=head_list, max_tokens=max_tokens,
+                              truncate=truncate, on_step=on_step)
+            self.forwards += 1
+        if self.warn is not None:
+            for message in result.meta.get("warnings", []):
+                self.warn(str(message))
+        return result
+
     def _cache_warn(self, message: str) -> None:
         """Pass a cache warning on once: a corpus of damaged entries or an unwritable cache
         folder would otherwise repeat it for every text."""
@@ -718,28 +721,6 @@ def _measure_option(measure: str) -> dict[str, str]:
 
     name = check_measure(measure or "weights")
     return {} if name == "weights" else {"measure": name}
-
-
-def _text_pairs(texts: Any) -> list[tuple[str, str | None]]:
-    """``(text, pair)`` tuples from a list of texts, each a string or a ``(text, pair)``."""
-    if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
-        raise UsageError(f"captures() takes a list of texts, not {type(texts).__name__}",
-                         "e.g. session.captures([\"The cat sat\", (\"A question\", "
-                         "\"an answer\")])")
-    pairs: list[tuple[str, str | None]] = []
-    example = "e.g. \"The cat sat\" or (\"A question\", \"an answer\") or (\"A text\", None)"
-    for number, item in enumerate(texts):
-        if isinstance(item, str):
-            pairs.append((item, None))
-        elif isinstance(item, (tuple, list)) and len(item) == 2:
-            if not isinstance(item[0], str) or not (item[1] is None or isinstance(item[1], str)):
-                raise UsageError(f"text {number} must be a (text, pair) of strings (pair may be "
-                                 f"None), not {item!r:.60}", example)
-            pairs.append((item[0], item[1]))
-        else:
-            raise UsageError(f"each text must be a string or a (text, pair) tuple, not "
-                             f"{item!r:.60}", example)
-    return pairs
 
 
 class _Locked:

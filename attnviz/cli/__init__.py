@@ -18,7 +18,7 @@ def _register() -> None:
     from attnviz.cli import core  # noqa: F401  (registers heatmap, top-k, dump)
 
     for optional in ("export", "heads", "rollout", "compare", "explain", "html", "cache",
-                     "serve"):
+                     "serve", "generate"):
         try:
             __import__(f"attnviz.cli.{optional}")
         except ModuleNotFoundError as exc:

@@ -342,6 +342,34 @@ class CaptureOptions:
                               long_dtype=self.long_dtype, **what)
 
 
+# Model options: shared by the capture options below and by generate.
+RevisionOpt = Annotated[str | None, typer.Option(
+    "--revision", rich_help_panel=MODEL_PANEL,
+    help="Hub branch, tag or commit of the model.")]
+TrustRemoteCodeOpt = Annotated[bool, typer.Option(
+    "--trust-remote-code", rich_help_panel=MODEL_PANEL,
+    help="Allow the model's own Python code to run (off by default; only for models you "
+         "trust).")]
+DeviceOpt = Annotated[str, typer.Option(
+    "--device", rich_help_panel=MODEL_PANEL,
+    help="auto, cpu, cuda, cuda:N or mps (auto picks CUDA when present).")]
+DtypeOpt = Annotated[str, typer.Option(
+    "--dtype", rich_help_panel=MODEL_PANEL,
+    help="float32, float16 or bfloat16 for the model; weights are returned as float32.")]
+DeviceMapOpt = Annotated[str | None, typer.Option(
+    "--device-map", rich_help_panel=MODEL_PANEL, metavar="MAP",
+    help="'auto' spreads a model too big for one device over the GPUs, CPU memory and "
+         "disk (Hugging Face Accelerate); use it instead of --device.")]
+MaxTokensOpt = Annotated[int | None, typer.Option(
+    "--max-tokens", min=1, rich_help_panel=MODEL_PANEL,
+    help="Limit the input to this many tokens (a model's own limit always applies; the "
+         "toy model's limit of 2048 can be raised).")]
+TruncateOpt = Annotated[bool, typer.Option(
+    "--truncate/--no-truncate", rich_help_panel=MODEL_PANEL,
+    help="Past the token limit: keep the first tokens with a warning, or stop with an "
+         "error.")]
+
+
 _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
     ("text", Annotated[str | None, typer.Argument(
         metavar="TEXT", show_default=False,
@@ -357,34 +385,14 @@ _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
         "--model", "-m", rich_help_panel=MODEL_PANEL, show_default=False,
         help="'minilm' (bundled pretrained BERT, the default; $ATTNVIZ_MODEL overrides), 'toy', "
              "a Hugging Face model id or a local model folder.")], None),
-    ("revision", Annotated[str | None, typer.Option(
-        "--revision", rich_help_panel=MODEL_PANEL,
-        help="Hub branch, tag or commit of the model.")], None),
-    ("trust_remote_code", Annotated[bool, typer.Option(
-        "--trust-remote-code", rich_help_panel=MODEL_PANEL,
-        help="Allow the model's own Python code to run (off by default; only for models you "
-             "trust).")], False),
-    ("device", Annotated[str, typer.Option(
-        "--device", rich_help_panel=MODEL_PANEL,
-        help="auto, cpu, cuda, cuda:N or mps (auto picks CUDA when present).")], "auto"),
-    ("dtype", Annotated[str, typer.Option(
-        "--dtype", rich_help_panel=MODEL_PANEL,
-        help="float32, float16 or bfloat16 for the model; weights are returned as float32.")],
-     "float32"),
-    ("device_map", Annotated[str | None, typer.Option(
-        "--device-map", rich_help_panel=MODEL_PANEL, metavar="MAP",
-        help="'auto' spreads a model too big for one device over the GPUs, CPU memory and "
-             "disk (Hugging Face Accelerate); use it instead of --device.")], None),
+    ("revision", RevisionOpt, None),
+    ("trust_remote_code", TrustRemoteCodeOpt, False),
+    ("device", DeviceOpt, "auto"),
+    ("dtype", DtypeOpt, "float32"),
+    ("device_map", DeviceMapOpt, None),
     ("measure", MeasureOpt, None),
-    ("max_tokens", Annotated[int | None, typer.Option(
-        "--max-tokens", min=1, rich_help_panel=MODEL_PANEL,
-        help="Limit the input to this many tokens (a model's own limit always applies; the "
-             "toy model's limit of 2048 can be raised).")],
-     None),
-    ("truncate", Annotated[bool, typer.Option(
-        "--truncate/--no-truncate", rich_help_panel=MODEL_PANEL,
-        help="Past the token limit: keep the first tokens with a warning, or stop with an "
-             "error.")], True),
+    ("max_tokens", MaxTokensOpt, None),
+    ("truncate", TruncateOpt, True),
     ("no_cache", Annotated[bool, typer.Option(
         "--no-cache", rich_help_panel=MODEL_PANEL,
         help="Do not read or write the capture cache.")], False),

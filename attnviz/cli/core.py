@@ -333,7 +333,7 @@ def top_k_command(
         stdout.print(table)
         return
     text = format_topk(rows, TableFormat.markdown if fmt is TableFormat.table else fmt, k, title,
-                       view.measure)
+                       capture.measure if isinstance(capture, Capture) else "weights")
     if out is None:
         typer.echo(text, nl=False)
         return

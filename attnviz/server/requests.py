@@ -271,6 +271,20 @@ class TopkRequest(CaptureRequest):
     format: Annotated[str, one_of("json", "csv")] = "json"
 
 
+class GenerateRequest(_Request):
+    """``/api/generate``: a prompt to continue on a served causal language model, and the head
+    whose strongest keys each generated token streams."""
+
+    text: Text
+    model: ModelName = None
+    max_new_tokens: Annotated[int, between(1, 4096)] = 20
+    sample: Flag = False
+    seed: Annotated[int | None, between(0, (1 << 32) - 1)] = None
+    layer: Annotated[int, between(-(1 << 20), 1 << 20)] = -1
+    head: Annotated[int | str | list[int], BeforeValidator(_head)] = "mean"
+    k: Annotated[int, BeforeValidator(_top_k)] = 3
+
+
 class InductionRequest(ModelRequest):
     """``/api/induction``: the model's prefix ids followed by positions in its usable tokens."""
 
