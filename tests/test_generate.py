@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from attnviz.errors import DumpError, ModelLoadError, UsageError
+from attnviz.errors import DumpError, InputError, ModelLoadError, UsageError
 from attnviz.session import Session, make_spec, spec_key
 
 PROMPT = "The cat sat on the mat and looked at the dog"
@@ -259,6 +259,13 @@ def test_package_root_and_errors(lm_dirs: dict[str, Path], monkeypatch: pytest.M
         attnviz.generate(PROMPT, str(lm_dirs["gpt2"]), max_new_tokens=0)
     with pytest.raises(UsageError, match="positions"):  # 64 positions in this GPT-2
         attnviz.generate(PROMPT, str(lm_dirs["gpt2"]), max_new_tokens=60, device="cpu")
+    import attnviz.long.generate as generation
+
+    monkeypatch.setattr(generation, "MAX_ROW_BYTES", 1000)
+    with pytest.raises(InputError, match=r"more than the bound of 1000 B\n.*\(layers, heads\)"):
+        attnviz.generate(PROMPT, str(lm_dirs["gpt2"]), max_new_tokens=4, device="cpu")
+    monkeypatch.undo()
+    monkeypatch.setattr(session_module, "_DEFAULT", Session(use_cache=False))
     # A model whose attention bypasses the registry records nothing: said, not guessed.
     monkeypatch.setattr(_RowRecorder, "record", lambda *args: None)
     with pytest.raises(ModelLoadError, match="attention-function registry"):
@@ -302,6 +309,16 @@ def test_cli_formats(invoke: Any, lm_dirs: dict[str, Path], session: Session,
     markdown = tmp_path / "top.md"
     assert invoke("generate", *args, "-o", markdown).exit_code == 0
     assert f"| {reference.prompt_length} | " in markdown.read_text()
+
+
+def test_cli_reads_the_prompt_from_standard_input(invoke: Any, lm_dirs: dict[str, Path],
+                                                   session: Session) -> None:
+    result = invoke("generate", "-", "-m", lm_dirs["gpt2"], "-n", 3, "--device", "cpu", "-f",
+                    "json", input=PROMPT + "\n")
+    assert result.exit_code == 0, result.output
+    reference = session.generate(PROMPT + "\n", model=str(lm_dirs["gpt2"]), max_new_tokens=3,
+                                 device="cpu")
+    assert json.loads(result.stdout)["tokens"] == reference.tokens
 
 
 def test_cli_dump_round_trip(invoke: Any, lm_dirs: dict[str, Path], session: Session,
