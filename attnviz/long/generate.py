@@ -317,39 +317,43 @@ class _RowRecorder:
             return
         position = self.prompt_length - 1 + self.step  # of the query
         num_heads, kv_heads, length = query.shape[1], key.shape[1], key.shape[2]
-        if self._index is None or self._index.device != query.device:
+        subset = self.heads != list(range(num_heads))
+        if subset and (self._index is None or self._index.device != query.device):
             self._index = torch.tensor(self.heads, device=query.device)
-        heads = self._index
         group = num_heads // kv_heads  # query heads per key/value head (grouped-query)
         with torch.no_grad():
-            q = query[0, heads, -1, :].float()  # (h, d)
-            k = key[0, heads // group, :, :].float()  # (h, kv, d): each head's own group
+            q = query[0, :, -1, :].float()  # (H, d)
+            k = key[0].float()  # (Hkv, kv, d): each group of query heads reads its own
             if scaling is None:
                 scaling = getattr(module, "scaling", None) or q.shape[-1] ** -0.5
-            scores = torch.einsum("hd,hkd->hk", q, k) * float(scaling)  # (h, kv)
+            scores = torch.matmul(q.view(kv_heads, group, -1), k.transpose(-1, -2))
+            scores = scores.view(num_heads, length) * float(scaling)  # (H, kv)
+            if subset:
+                scores = scores[self._index]  # (h, kv)
             softcap = kwargs.get("softcap")
             if softcap:
                 scores = torch.tanh(scores / softcap) * softcap
-            # Key positions: a dynamic cache holds the latest tokens (a sliding-window layer
-            # only the window's); a static one holds position i at index i.
-            first = position + 1 - length if length <= position + 1 else 0
-            positions = torch.arange(first, first + length, device=scores.device)
-            allowed = positions <= position
-            window = kwargs.get("sliding_window")
-            if window:
-                allowed &= positions > position - int(window)
             if mask is not None:
-                row_mask = mask[0, :, -1, :length]  # (1 or heads, kv)
-                if row_mask.shape[0] > 1:
-                    row_mask = row_mask[heads]
+                row_mask = mask[0, :, -1, :length]  # (1 or H, kv)
+                if row_mask.shape[0] > 1 and subset:
+                    row_mask = row_mask[self._index]
                 if row_mask.dtype == torch.bool:
                     scores = scores.masked_fill(~row_mask, float("-inf"))
                 else:
                     scores = scores + row_mask.float()
             bias = kwargs.get("position_bias")
             if bias is not None:
-                scores = scores + bias[0, heads, -1, :length].float()
-            scores = scores.masked_fill(~allowed, float("-inf"))
+                bias = bias[0, :, -1, :length].float()
+                scores = scores + (bias[self._index] if subset and bias.shape[0] > 1 else bias)
+            # Key positions: a dynamic cache holds the latest tokens (a sliding-window layer
+            # only the window's); a static one holds position i at index i. Keys after the
+            # query and, with a sliding window, before it are masked here too.
+            first = position + 1 - length if length <= position + 1 else 0
+            window = kwargs.get("sliding_window")
+            low = max(0, position - int(window) + 1 - first) if window else 0
+            high = position + 1 - first
+            scores[:, :low] = float("-inf")  # scores is a fresh tensor here: ours to change
+            scores[:, high:] = float("-inf")
             weights = torch.softmax(scores, dim=-1)  # (h, kv); 0 where not allowed
             row = torch.zeros((len(self.heads), max(position + 1, first + length)),
                               dtype=torch.float32, device=weights.device)
