@@ -346,9 +346,13 @@ def test_cli_dump_round_trip(invoke: Any, lm_dirs: dict[str, Path], session: Ses
     (["--head", "x"], 2, "invalid head"),
     (["--layers", "0", "-l", "1"], 2, "--layer 1 is not among --layers 0"),
     (["--heads", "0-1", "--head", "3"], 2, "--head 3 is not among --heads 0-1"),
+    (["--dump", "a-file"], 2, "--dump a-file: a file with that name exists"),
+    (["-k", "0"], 2, "'-k' / '--top-k'"),
 ])
 def test_cli_errors(invoke: Any, lm_dirs: dict[str, Path], args: list[str], code: int,
-                    message: str) -> None:
+                    message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("a-file").write_text("not a folder")
     result = invoke("generate", PROMPT, "-m", lm_dirs["gpt2"], "--device", "cpu", *args)
     assert result.exit_code == code, result.output
     assert message in result.stderr and "Traceback" not in result.output

@@ -183,9 +183,14 @@ def generate_command(
 
       attnviz generate "Once upon a time" -m ./my-llama --sample --seed 7 --dump story/
     """
+    from attnviz.errors import UsageError
     from attnviz.selection import resolve_index
 
     head_choice = _parse_head(head)
+    if dump is not None and dump.exists() and not dump.is_dir():  # before the model loads
+        raise UsageError(f"--dump {dump}: a file with that name exists; --dump names a folder "
+                         "(rows.npy and generation.json go in it)",
+                         "choose another folder for --dump")
     prompt = read_text(prompt)
     spec: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code,
                             "device": device, "dtype": dtype, "device_map": device_map}
