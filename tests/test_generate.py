@@ -115,6 +115,7 @@ def test_rows_equal_an_eager_recomputation(name: str, lm_dirs: dict[str, Path],
     # Rows reach the tokens generated before: the last step's keys include the token before.
     assert (result.rows[:, :, -1, result.prompt_length + N - 2] > 0).all()
     assert result.meta["stopped"] == "max_new_tokens" and result.meta["sample"] is False
+    assert result.meta["kernel"] == "sdpa"  # the model ran its own fused kernel
 
 
 def test_sliding_window_bites(lm_dirs: dict[str, Path], session: Session) -> None:

@@ -420,7 +420,7 @@ def load_causal_lm(spec: ModelSpec | str) -> HFSource:
 
     class CausalLMSource(HFSource):
         _auto_class = "AutoModelForCausalLM"
-        _attn_implementation = "sdpa"
+        _attn_implementation = None  # the model's own default: sdpa where it has it
 
         def _adopt(self, model: Any, config: Any, *, place: bool = True) -> None:
             problem = causal_lm_problem(config.to_dict(), self.name)
@@ -613,7 +613,8 @@ def _result(source: HFSource, prompt: str, ids: list[int], prompt_length: int,
     meta = {**meta, "stopped": "end of sequence" if steps and ids[-1] in eos_ids
             else "max_new_tokens", "model_type": source.model_type,
             "dtype": str(source.dtype).replace("torch.", ""), "device": str(source.device),
-            "attention": "sdpa, rows recomputed from the cached keys"}
+            "kernel": str(getattr(source.model.config, "_attn_implementation", None)),
+            "rows": "recomputed from each step's query and cached keys"}
     return Generation(prompt=prompt, text=str(tokenizer.decode(ids[prompt_length:],
                                                                skip_special_tokens=True)),
                       tokens=tokens, token_ids=ids, prompt_length=prompt_length, rows=rows,
