@@ -222,6 +222,8 @@ def test_steps_arrive_as_generated(lm_dirs: dict[str, Path], session: Session) -
     # The model runs its own kernel again afterwards, and the seam is idle.
     key = "generate " + spec_key(make_spec(str(lm_dirs["mistral"]), device="cpu"))
     assert session._models[key].model.config._attn_implementation == "sdpa"
+    session.forget(make_spec(str(lm_dirs["mistral"]), device="cpu"))
+    assert key not in session._models
 
 
 def test_save_and_load(lm_dirs: dict[str, Path], session: Session, tmp_path: Path) -> None:
