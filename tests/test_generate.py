@@ -324,6 +324,16 @@ def test_cli_reads_the_prompt_from_standard_input(invoke: Any, lm_dirs: dict[str
     assert json.loads(result.stdout)["tokens"] == reference.tokens
 
 
+def test_cli_runs_here_whatever_attnviz_server_says(invoke: Any, lm_dirs: dict[str, Path],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNVIZ_SERVER", "http://127.0.0.1:9")  # nothing listens there
+    result = invoke("generate", PROMPT, "-m", lm_dirs["gpt2"], "-n", 2, "--device", "cpu",
+                    "-f", "csv")
+    assert result.exit_code == 0, result.output
+    assert "$ATTNVIZ_SERVER is not used" in result.stderr
+    assert len(result.stdout.splitlines()) == 1 + 2 * 3
+
+
 def test_cli_dump_round_trip(invoke: Any, lm_dirs: dict[str, Path], session: Session,
                              tmp_path: Path) -> None:
     from attnviz.long.generate import load_generation
