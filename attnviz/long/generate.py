@@ -524,16 +524,24 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
                                "cache_implementation": "dynamic", "pad_token_id": pad}
     if not sample:  # a model's own sampling settings would only raise warnings
         options.update(temperature=None, top_p=None, top_k=None)
-    if on_step is not None:
-        options["streamer"] = _Steps(source, recorder, enc["input_ids"][0].tolist(), on_step)
+    steps_out = None if on_step is None else _Steps(source, recorder,
+                                                    enc["input_ids"][0].tolist(), on_step)
+    if steps_out is not None:
+        options["streamer"] = steps_out
     fork = torch.random.fork_rng(devices=[]) if sample else contextlib.nullcontext()
     with fork, torch.inference_mode(), recording(source, recorder):
         if sample:
             torch.manual_seed(seed if seed is not None else 0)
         try:
             output = model.generate(**inputs, **options)
+        except _Raised as raised:  # on_step's own exception, as it raised it
+            raise cast("BaseException", raised.__cause__) from None
         except (RuntimeError, ValueError, TypeError) as exc:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if "memory" in text.lower():
+                raise InputError(f"generation with {source.name} ran out of memory "
+                                 f"({text[:200]})", "lower --max-new-tokens, shorten the "
+                                 "prompt or use --dtype bfloat16") from None
             raise ModelLoadError(f"generation with {source.name} failed: {text[:300]}",
                                  "try --dtype float32 or --device cpu") from None
     ids = [int(i) for i in output[0].tolist()]
@@ -541,6 +549,10 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
     return _result(source, prompt, ids, prompt_length, recorder, keep_layers, keep_heads,
                    steps, {"sample": sample, "seed": seed, "warnings": warnings,
                            "max_new_tokens": max_new_tokens})
+
+
+class _Raised(Exception):  # noqa: N818 - carries on_step's exception out of generate
+    """``on_step`` raised (its exception is the ``__cause__``)."""
 
 
 class _Steps:
@@ -570,12 +582,15 @@ class _Steps:
             for li, layer in enumerate(self.recorder.layers):
                 if layer in recorded:
                     rows[li] = recorded[layer].cpu().numpy()
-            self.on_step(Step(step=step, position=keys, token_id=int(token_id),
-                              tokens=list(self.tokens), rows=rows,
-                              layers=list(self.recorder.layers),
-                              heads=list(self.recorder.heads),
-                              num_layers=self.source.num_layers,
-                              num_heads=self.source.num_heads))
+            try:
+                self.on_step(Step(step=step, position=keys, token_id=int(token_id),
+                                  tokens=list(self.tokens), rows=rows,
+                                  layers=list(self.recorder.layers),
+                                  heads=list(self.recorder.heads),
+                                  num_layers=self.source.num_layers,
+                                  num_heads=self.source.num_heads))
+            except Exception as error:
+                raise _Raised from error
 
     def end(self) -> None:
         return None
