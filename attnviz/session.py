@@ -175,8 +175,9 @@ class Session(LongPath):
                 self._model_locks.clear()
                 return
             key = spec_key(make_spec(model))
-            self._models.pop(key, None)
-            self._model_locks.pop(key, None)
+            for kept in (key, "generate " + key):  # the model with its language-model head too
+                self._models.pop(kept, None)
+                self._model_locks.pop(kept, None)
 
     def _load(self, spec: ModelSpec, *, causal_lm: bool = False) -> AttentionSource:
         from attnviz.models import TOY_MODEL, load_source

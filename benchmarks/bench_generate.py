@@ -11,7 +11,7 @@ greedy generations of the same ``--new`` tokens after a ``--prompt``-token promp
 It prints the best wall time of ``--repeat`` runs, the ratio to ``sdpa`` and, on CUDA, the peak
 memory; then checks that the recorded rows equal the eager ones (largest difference).
 
-    python benchmarks/bench_generate.py                            # CPU, small
+    python benchmarks/bench_generate.py --threads 1                # CPU, small
     python benchmarks/bench_generate.py --device cuda --layers 16 --heads 32 --kv-heads 8 \\
         --hidden 2048 --prompt 2000 --new 256
 """
@@ -76,6 +76,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=200, help="prompt tokens")
     parser.add_argument("--new", type=int, default=64, help="generated tokens")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (1 gives steadier times on a busy machine)")
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="tokenizer folder (default: the bundled MiniLM's)")
     args = parser.parse_args()
@@ -87,10 +89,14 @@ def main() -> None:
     from attnviz.long.generate import generate, load_causal_lm
     from attnviz.models import ModelSpec
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="attnviz-bench-generate-") as tmp:
         folder = _build(args, Path(tmp) / "llama")
         source = load_causal_lm(ModelSpec(name=str(folder), device=args.device,
                                           dtype=args.dtype))
+        # The model's positions, not the borrowed tokenizer's 512, bound the length here.
+        source.max_tokens = args.prompt + args.new + 16
         words = ("the cat sat on the mat and looked at the dog " * args.prompt).split()
         prompt = " ".join(words[:args.prompt - 2])  # [CLS] and [SEP] make up the rest
         enc = source.tokenizer(prompt, return_tensors="pt", return_token_type_ids=False

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from attnviz.errors import DumpError, ModelLoadError, UsageError
+from attnviz.errors import DumpError, InputError, ModelLoadError, UsageError
 from attnviz.session import Session, make_spec, spec_key
 
 PROMPT = "The cat sat on the mat and looked at the dog"
@@ -115,6 +115,7 @@ def test_rows_equal_an_eager_recomputation(name: str, lm_dirs: dict[str, Path],
     # Rows reach the tokens generated before: the last step's keys include the token before.
     assert (result.rows[:, :, -1, result.prompt_length + N - 2] > 0).all()
     assert result.meta["stopped"] == "max_new_tokens" and result.meta["sample"] is False
+    assert result.meta["kernel"] == "sdpa"  # the model ran its own fused kernel
 
 
 def test_sliding_window_bites(lm_dirs: dict[str, Path], session: Session) -> None:
@@ -208,7 +209,7 @@ def test_steps_arrive_as_generated(lm_dirs: dict[str, Path], session: Session) -
         assert step.top(-1, 2, 3) == result.top_k(-1, 2, 3)[step.step]
         assert step.top(0, "mean", 2) == result.top_k(0, "mean", 2)[step.step]
 
-    class Enough(Exception):
+    class Enough(ValueError):  # a ValueError of the caller's own, not a model failure
         pass
 
     def stop(step: Any) -> None:
@@ -221,6 +222,8 @@ def test_steps_arrive_as_generated(lm_dirs: dict[str, Path], session: Session) -
     # The model runs its own kernel again afterwards, and the seam is idle.
     key = "generate " + spec_key(make_spec(str(lm_dirs["mistral"]), device="cpu"))
     assert session._models[key].model.config._attn_implementation == "sdpa"
+    session.forget(make_spec(str(lm_dirs["mistral"]), device="cpu"))
+    assert key not in session._models
 
 
 def test_save_and_load(lm_dirs: dict[str, Path], session: Session, tmp_path: Path) -> None:
@@ -259,6 +262,13 @@ def test_package_root_and_errors(lm_dirs: dict[str, Path], monkeypatch: pytest.M
         attnviz.generate(PROMPT, str(lm_dirs["gpt2"]), max_new_tokens=0)
     with pytest.raises(UsageError, match="positions"):  # 64 positions in this GPT-2
         attnviz.generate(PROMPT, str(lm_dirs["gpt2"]), max_new_tokens=60, device="cpu")
+    import attnviz.long.generate as generation
+
+    monkeypatch.setattr(generation, "MAX_ROW_BYTES", 1000)
+    with pytest.raises(InputError, match=r"more than the bound of 1000 B\n.*\(layers, heads\)"):
+        attnviz.generate(PROMPT, str(lm_dirs["gpt2"]), max_new_tokens=4, device="cpu")
+    monkeypatch.undo()
+    monkeypatch.setattr(session_module, "_DEFAULT", Session(use_cache=False))
     # A model whose attention bypasses the registry records nothing: said, not guessed.
     monkeypatch.setattr(_RowRecorder, "record", lambda *args: None)
     with pytest.raises(ModelLoadError, match="attention-function registry"):
@@ -304,6 +314,26 @@ def test_cli_formats(invoke: Any, lm_dirs: dict[str, Path], session: Session,
     assert f"| {reference.prompt_length} | " in markdown.read_text()
 
 
+def test_cli_reads_the_prompt_from_standard_input(invoke: Any, lm_dirs: dict[str, Path],
+                                                   session: Session) -> None:
+    result = invoke("generate", "-", "-m", lm_dirs["gpt2"], "-n", 3, "--device", "cpu", "-f",
+                    "json", input=PROMPT + "\n")
+    assert result.exit_code == 0, result.output
+    reference = session.generate(PROMPT + "\n", model=str(lm_dirs["gpt2"]), max_new_tokens=3,
+                                 device="cpu")
+    assert json.loads(result.stdout)["tokens"] == reference.tokens
+
+
+def test_cli_runs_here_whatever_attnviz_server_says(invoke: Any, lm_dirs: dict[str, Path],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNVIZ_SERVER", "http://127.0.0.1:9")  # nothing listens there
+    result = invoke("generate", PROMPT, "-m", lm_dirs["gpt2"], "-n", 2, "--device", "cpu",
+                    "-f", "csv")
+    assert result.exit_code == 0, result.output
+    assert "$ATTNVIZ_SERVER is not used" in result.stderr
+    assert len(result.stdout.splitlines()) == 1 + 2 * 3
+
+
 def test_cli_dump_round_trip(invoke: Any, lm_dirs: dict[str, Path], session: Session,
                              tmp_path: Path) -> None:
     from attnviz.long.generate import load_generation
@@ -329,9 +359,13 @@ def test_cli_dump_round_trip(invoke: Any, lm_dirs: dict[str, Path], session: Ses
     (["--head", "x"], 2, "invalid head"),
     (["--layers", "0", "-l", "1"], 2, "--layer 1 is not among --layers 0"),
     (["--heads", "0-1", "--head", "3"], 2, "--head 3 is not among --heads 0-1"),
+    (["--dump", "a-file"], 2, "--dump a-file: a file with that name exists"),
+    (["-k", "0"], 2, "'-k' / '--top-k'"),
 ])
 def test_cli_errors(invoke: Any, lm_dirs: dict[str, Path], args: list[str], code: int,
-                    message: str) -> None:
+                    message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("a-file").write_text("not a folder")
     result = invoke("generate", PROMPT, "-m", lm_dirs["gpt2"], "--device", "cpu", *args)
     assert result.exit_code == code, result.output
     assert message in result.stderr and "Traceback" not in result.output

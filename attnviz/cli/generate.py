@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -28,6 +29,8 @@ from attnviz.cli._common import (
     session,
     stderr,
     stdout,
+    use_server,
+    warn,
 )
 from attnviz.cli.core import TableFormat, _parse_head, key_label
 
@@ -183,9 +186,18 @@ def generate_command(
 
       attnviz generate "Once upon a time" -m ./my-llama --sample --seed 7 --dump story/
     """
+    from attnviz.errors import UsageError
     from attnviz.selection import resolve_index
 
     head_choice = _parse_head(head)
+    if dump is not None and dump.exists() and not dump.is_dir():  # before the model loads
+        raise UsageError(f"--dump {dump}: a file with that name exists; --dump names a folder "
+                         "(rows.npy and generation.json go in it)",
+                         "choose another folder for --dump")
+    use_server(None)  # generation runs in this process, whatever an earlier command used
+    if os.environ.get("ATTNVIZ_SERVER", "").strip():
+        warn("generate runs the model here: $ATTNVIZ_SERVER is not used (a served causal "
+             "language model streams generations at POST /api/generate)")
     prompt = read_text(prompt)
     spec: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code,
                             "device": device, "dtype": dtype, "device_map": device_map}

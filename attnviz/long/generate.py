@@ -317,39 +317,43 @@ class _RowRecorder:
             return
         position = self.prompt_length - 1 + self.step  # of the query
         num_heads, kv_heads, length = query.shape[1], key.shape[1], key.shape[2]
-        if self._index is None or self._index.device != query.device:
+        subset = self.heads != list(range(num_heads))
+        if subset and (self._index is None or self._index.device != query.device):
             self._index = torch.tensor(self.heads, device=query.device)
-        heads = self._index
         group = num_heads // kv_heads  # query heads per key/value head (grouped-query)
         with torch.no_grad():
-            q = query[0, heads, -1, :].float()  # (h, d)
-            k = key[0, heads // group, :, :].float()  # (h, kv, d): each head's own group
+            q = query[0, :, -1, :].float()  # (H, d)
+            k = key[0].float()  # (Hkv, kv, d): each group of query heads reads its own
             if scaling is None:
                 scaling = getattr(module, "scaling", None) or q.shape[-1] ** -0.5
-            scores = torch.einsum("hd,hkd->hk", q, k) * float(scaling)  # (h, kv)
+            scores = torch.matmul(q.view(kv_heads, group, -1), k.transpose(-1, -2))
+            scores = scores.view(num_heads, length) * float(scaling)  # (H, kv)
+            if subset:
+                scores = scores[self._index]  # (h, kv)
             softcap = kwargs.get("softcap")
             if softcap:
                 scores = torch.tanh(scores / softcap) * softcap
-            # Key positions: a dynamic cache holds the latest tokens (a sliding-window layer
-            # only the window's); a static one holds position i at index i.
-            first = position + 1 - length if length <= position + 1 else 0
-            positions = torch.arange(first, first + length, device=scores.device)
-            allowed = positions <= position
-            window = kwargs.get("sliding_window")
-            if window:
-                allowed &= positions > position - int(window)
             if mask is not None:
-                row_mask = mask[0, :, -1, :length]  # (1 or heads, kv)
-                if row_mask.shape[0] > 1:
-                    row_mask = row_mask[heads]
+                row_mask = mask[0, :, -1, :length]  # (1 or H, kv)
+                if row_mask.shape[0] > 1 and subset:
+                    row_mask = row_mask[self._index]
                 if row_mask.dtype == torch.bool:
                     scores = scores.masked_fill(~row_mask, float("-inf"))
                 else:
                     scores = scores + row_mask.float()
             bias = kwargs.get("position_bias")
             if bias is not None:
-                scores = scores + bias[0, heads, -1, :length].float()
-            scores = scores.masked_fill(~allowed, float("-inf"))
+                bias = bias[0, :, -1, :length].float()
+                scores = scores + (bias[self._index] if subset and bias.shape[0] > 1 else bias)
+            # Key positions: a dynamic cache holds the latest tokens (a sliding-window layer
+            # only the window's); a static one holds position i at index i. Keys after the
+            # query and, with a sliding window, before it are masked here too.
+            first = position + 1 - length if length <= position + 1 else 0
+            window = kwargs.get("sliding_window")
+            low = max(0, position - int(window) + 1 - first) if window else 0
+            high = position + 1 - first
+            scores[:, :low] = float("-inf")  # scores is a fresh tensor here: ours to change
+            scores[:, high:] = float("-inf")
             weights = torch.softmax(scores, dim=-1)  # (h, kv); 0 where not allowed
             row = torch.zeros((len(self.heads), max(position + 1, first + length)),
                               dtype=torch.float32, device=weights.device)
@@ -416,7 +420,7 @@ def load_causal_lm(spec: ModelSpec | str) -> HFSource:
 
     class CausalLMSource(HFSource):
         _auto_class = "AutoModelForCausalLM"
-        _attn_implementation = "sdpa"
+        _attn_implementation = None  # the model's own default: sdpa where it has it
 
         def _adopt(self, model: Any, config: Any, *, place: bool = True) -> None:
             problem = causal_lm_problem(config.to_dict(), self.name)
@@ -520,16 +524,24 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
                                "cache_implementation": "dynamic", "pad_token_id": pad}
     if not sample:  # a model's own sampling settings would only raise warnings
         options.update(temperature=None, top_p=None, top_k=None)
-    if on_step is not None:
-        options["streamer"] = _Steps(source, recorder, enc["input_ids"][0].tolist(), on_step)
+    steps_out = None if on_step is None else _Steps(source, recorder,
+                                                    enc["input_ids"][0].tolist(), on_step)
+    if steps_out is not None:
+        options["streamer"] = steps_out
     fork = torch.random.fork_rng(devices=[]) if sample else contextlib.nullcontext()
     with fork, torch.inference_mode(), recording(source, recorder):
         if sample:
             torch.manual_seed(seed if seed is not None else 0)
         try:
             output = model.generate(**inputs, **options)
+        except _Raised as raised:  # on_step's own exception, as it raised it
+            raise cast("BaseException", raised.__cause__) from None
         except (RuntimeError, ValueError, TypeError) as exc:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if "memory" in text.lower():
+                raise InputError(f"generation with {source.name} ran out of memory "
+                                 f"({text[:200]})", "lower --max-new-tokens, shorten the "
+                                 "prompt or use --dtype bfloat16") from None
             raise ModelLoadError(f"generation with {source.name} failed: {text[:300]}",
                                  "try --dtype float32 or --device cpu") from None
     ids = [int(i) for i in output[0].tolist()]
@@ -537,6 +549,10 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
     return _result(source, prompt, ids, prompt_length, recorder, keep_layers, keep_heads,
                    steps, {"sample": sample, "seed": seed, "warnings": warnings,
                            "max_new_tokens": max_new_tokens})
+
+
+class _Raised(Exception):  # noqa: N818 - carries on_step's exception out of generate
+    """``on_step`` raised (its exception is the ``__cause__``)."""
 
 
 class _Steps:
@@ -566,12 +582,15 @@ class _Steps:
             for li, layer in enumerate(self.recorder.layers):
                 if layer in recorded:
                     rows[li] = recorded[layer].cpu().numpy()
-            self.on_step(Step(step=step, position=keys, token_id=int(token_id),
-                              tokens=list(self.tokens), rows=rows,
-                              layers=list(self.recorder.layers),
-                              heads=list(self.recorder.heads),
-                              num_layers=self.source.num_layers,
-                              num_heads=self.source.num_heads))
+            try:
+                self.on_step(Step(step=step, position=keys, token_id=int(token_id),
+                                  tokens=list(self.tokens), rows=rows,
+                                  layers=list(self.recorder.layers),
+                                  heads=list(self.recorder.heads),
+                                  num_layers=self.source.num_layers,
+                                  num_heads=self.source.num_heads))
+            except Exception as error:
+                raise _Raised from error
 
     def end(self) -> None:
         return None
@@ -609,7 +628,8 @@ def _result(source: HFSource, prompt: str, ids: list[int], prompt_length: int,
     meta = {**meta, "stopped": "end of sequence" if steps and ids[-1] in eos_ids
             else "max_new_tokens", "model_type": source.model_type,
             "dtype": str(source.dtype).replace("torch.", ""), "device": str(source.device),
-            "attention": "sdpa, rows recomputed from the cached keys"}
+            "kernel": str(getattr(source.model.config, "_attn_implementation", None)),
+            "rows": "recomputed from each step's query and cached keys"}
     return Generation(prompt=prompt, text=str(tokenizer.decode(ids[prompt_length:],
                                                                skip_special_tokens=True)),
                       tokens=tokens, token_ids=ids, prompt_length=prompt_length, rows=rows,

@@ -74,7 +74,7 @@ class HFSource:
     #: How the model is loaded: the bare model with eager attention (a subclass may ask for a
     #: language-model head and the model's fused kernel).
     _auto_class = "AutoModel"
-    _attn_implementation = "eager"
+    _attn_implementation: str | None = "eager"  # None: transformers' default (sdpa if it can)
 
     def __init__(self, name: str = BUNDLED_NAME, *, revision: str | None = None,
                  trust_remote_code: bool = False, device: str = "auto",

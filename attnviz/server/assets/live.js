@@ -525,6 +525,69 @@
   }
 
   // ------------------------------------------------------------------ downloads
+  // ------------------------------------------------------------------ generation
+  // POST /api/generate answers one JSON line per generated token as the model chooses it;
+  // each becomes a row of the panel at once (its position, the token, its strongest keys).
+  let generating = null;
+
+  async function runGenerate() {
+    if (generating) generating.abort();
+    const controller = new AbortController();
+    generating = controller;
+    const layer = live.selection.layer === undefined ? -1 : Number(live.selection.layer);
+    const choice = headChoice();
+    const head = typeof choice === "number" ? choice : "mean";
+    const k = Math.max(1, Math.min(20, Number(byId("k").value) || 3));
+    const body = { text: live.text, model: live.model || undefined, layer, head, k,
+      max_new_tokens: Math.max(1, Number(byId("new-tokens").value) || 12) };
+    const table = byId("generate-table");
+    const shown = byId("generate-text");
+    table.replaceChildren();
+    shown.textContent = "";
+    byId("generate-title").textContent = "layer " + layer + ", " +
+      (head === "mean" ? "mean of the heads" : "head " + head) + ", top " + k;
+    hideError();
+    try {
+      const response = await request("POST", "/api/generate", body, controller.signal);
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let cut;
+        while ((cut = buffer.indexOf("\n")) >= 0) {
+          const line = buffer.slice(0, cut);
+          buffer = buffer.slice(cut + 1);
+          if (line.trim()) showGenerated(JSON.parse(line));
+        }
+      }
+    } catch (error) {
+      if (!(error && error.name === "AbortError")) showFailure(error);
+    } finally {
+      if (generating === controller) generating = null;
+    }
+  }
+
+  function showGenerated(item) {
+    if (item.error) throw new ApiFailure(item.error.status, item.error);
+    if (item.done) {
+      byId("generate-text").textContent = item.text;
+      byId("generate-panel").dataset.done = String(item.steps);
+      return;
+    }
+    const tr = el("tr");
+    tr.dataset.step = String(item.step);
+    const tops = el("td");
+    for (const top of item.top) {
+      tops.append(el("span", "key", top.key_index + ":" + top.key + " " + fmt(top.weight, 3)));
+    }
+    tr.append(el("td", "pos", item.position), el("td", "tok", item.token), tops);
+    byId("generate-table").append(tr);
+    byId("generate-text").textContent += (item.step ? " " : "") + item.token;
+  }
+
   async function download(path, body, fallback) {
     const response = await request("POST", path, body);
     const blob = await response.blob();
@@ -632,6 +695,10 @@
         return;
       }
       download("/api/topk", viewFields({ k: live.k, format: "csv" }), "attnviz_topk.csv").catch(showFailure);
+    });
+    byId("generate").addEventListener("click", () => {
+      delete byId("generate-panel").dataset.done;
+      runGenerate().catch(showFailure);
     });
     byId("copy-link").addEventListener("click", () => {
       writeAddress();
