@@ -252,6 +252,15 @@ def test_rollout_of_norm(invoke: Any, cli_minilm: Any, tmp_path: Path,
         expected = mixed if expected is None else mixed @ expected
     np.testing.assert_allclose(matrix, expected, atol=1e-5)
     np.testing.assert_allclose(matrix.sum(-1), 1.0, atol=1e-5)
+    # Attention flow takes the same row-scaled heads.
+    from attnviz.analysis.flow import flow_weights
+
+    flowed = invoke("rollout", SENTENCE, "--measure", "norm", "--method", "flow", "-o",
+                    tmp_path / "flow.png")
+    assert flowed.exit_code == 0, flowed.output
+    heads = norm_ref / norm_ref.sum(-1, keepdims=True)
+    np.testing.assert_allclose(np.load(tmp_path / "flow.npy"), flow_weights(heads), atol=1e-5)
+    assert "each head's rows were scaled" in " ".join(flowed.stderr.split())
 
 
 def test_html_report_names_the_measure(invoke: Any, cli_minilm: Any, tmp_path: Path,
