@@ -435,3 +435,22 @@ def test_notebook_view_names_the_measure(minilm: Any) -> None:
     assert f"attnviz: minilm, {NORM_LABEL}: {SENTENCE}" in shown  # the view's title
     plain = capture_html(minilm.capture(SENTENCE, layers=[1]))
     assert f"attnviz: minilm: {SENTENCE}" in plain and "minilm, norm" not in plain
+
+
+def test_heads_of_a_corpus(invoke: Any, cli_minilm: Any, minilm: Any, tmp_path: Path) -> None:
+    texts = [SENTENCE, "A dog barked at the mailman"]
+    corpus = tmp_path / "texts.txt"
+    corpus.write_text("\n".join(texts) + "\n", "utf-8")
+    result = invoke("heads", "--input", corpus, "--measure", "norm", "--format", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["measure"] == "norm" and report["texts"] == 2
+    assert "norm rows scaled to sum to 1 before the statistics" in report["title"]
+    rows = {(r["layer"], r["head"]): r for r in report["heads"]}
+    selfs, count = 0.0, 0
+    for text in texts:  # every query row of every text counts once
+        block = reference(minilm, text)[2, 9]
+        p = block / block.sum(-1, keepdims=True)
+        selfs += float(np.diagonal(p).sum())
+        count += p.shape[0]
+    assert rows[(2, 9)]["self"] == pytest.approx(selfs / count, abs=1e-6)
