@@ -191,6 +191,16 @@ def test_heatmap_titles_and_names(invoke: Any, cli_minilm: Any, tmp_path: Path,
     assert head_title(cap, 2, 3) == f"minilm: {NORM_LABEL}, layer 2, head 3"
     assert layer_title(cap, 2).startswith(f"minilm: {NORM_LABEL}, layer 2")
     assert overview_title(cap).startswith(f"minilm: {NORM_LABEL}, ")
+    # The figure itself: its title and its colour bar's label name the measure.
+    from matplotlib.text import Text
+
+    from attnviz.render.heatmap import capture_grid_figure, capture_head_figure
+
+    for fig in (capture_head_figure(cap, 2, 3).fig, capture_grid_figure(cap, 2)):
+        texts = [t.get_text() for t in fig.findobj(Text)]
+        assert any(t.startswith(f"minilm: {NORM_LABEL}, layer 2") for t in texts), texts
+        assert any(t.startswith(NORM_LABEL) for t in texts), texts  # the colour bar
+        assert not any("attention weight" in t for t in texts)
 
 
 def test_dump_and_from(invoke: Any, cli_minilm: Any, tmp_path: Path,
@@ -321,6 +331,10 @@ def test_compare_and_export(invoke: Any, cli_minilm: Any, minilm: Any, tmp_path:
     np.testing.assert_allclose(saved.weights, norm_ref[np.ix_([1], [0])], atol=1e-6)
     manifest = json.loads((folder / "export.json").read_text("utf-8"))
     assert manifest["settings"]["measure"] == "norm"
+    # The PNG frames were laid out with the measure's colour bar label (drawn in this process).
+    from attnviz.export import draw
+
+    assert any(NORM_LABEL in key for key in draw._HEAD_TEMPLATES)
 
 
 def test_weights_by_name_is_the_default(invoke: Any, cli_minilm: Any) -> None:
