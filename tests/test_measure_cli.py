@@ -244,6 +244,13 @@ def test_heads_row_normalises_and_says_so(invoke: Any, cli_minilm: Any,
         assert rows[(layer, head)]["first"] == pytest.approx(p[:, 0].mean(), abs=1e-6)
     table = invoke("heads", SENTENCE, "--measure", "norm")
     assert "rows scaled to sum to 1" in " ".join(table.stdout.split())
+    as_csv = list(csv.DictReader(io.StringIO(invoke("heads", SENTENCE, "--measure", "norm",
+                                                    "--format", "csv").stdout)))
+    assert {row["measure"] for row in as_csv} == {"norm"}
+    first = next(r for r in as_csv if (r["layer"], r["head"]) == ("3", "7"))
+    assert float(first["self"]) == pytest.approx(rows[(3, 7)]["self"], abs=1e-6)
+    plain = invoke("heads", SENTENCE, "--format", "csv").stdout.splitlines()[0]
+    assert "measure" not in plain
 
 
 def test_rollout_of_norm(invoke: Any, cli_minilm: Any, tmp_path: Path,
