@@ -475,3 +475,22 @@ def test_heads_of_a_corpus(invoke: Any, cli_minilm: Any, minilm: Any, tmp_path: 
         selfs += float(np.diagonal(p).sum())
         count += p.shape[0]
     assert rows[(2, 9)]["self"] == pytest.approx(selfs / count, abs=1e-6)
+
+
+def test_memory_is_checked_before_the_pass(minilm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import psutil
+
+    from attnviz.errors import InputError
+
+    calls: list[str] = []
+    monkeypatch.setattr(measures, "compute", lambda *a: calls.append("compute") or [])
+    # Room for the kept layer, not for the measure of every layer and head it is cut from.
+    kept = 1 * 1 * 8 * 8 * 4
+    monkeypatch.setattr(psutil, "virtual_memory",
+                        lambda: types.SimpleNamespace(available=int(kept * 20)))
+    with pytest.raises(InputError, match="6 layers x 12 heads"):
+        minilm.capture(SENTENCE, layers=[0], heads=[0], measure="norm")
+    assert calls == []
+    assert minilm.capture(SENTENCE, layers=[0], heads=[0]).weights.shape == (1, 1, 8, 8)
