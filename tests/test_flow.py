@@ -81,7 +81,7 @@ def test_flow_token_bound_names_the_option() -> None:
         flow_weights(_random_weights(1, 1, 6, 0), max_tokens=5)
     assert "bound is 5 tokens (--max-flow-tokens)" in str(info.value)
     assert "--method rollout" in str(info.value)
-    with pytest.raises(UsageError, match="1 to 128"):
+    with pytest.raises(UsageError, match="1 to 64"):
         check_flow_size(3, 500)
 
 
@@ -104,7 +104,7 @@ def test_rollout_cli_method_flow(invoke, cli_minilm, minilm_capture, tmp_path) -
 
 @pytest.mark.parametrize(("args", "fragment"), [
     (["--method", "flow", "--max-flow-tokens", "4"], "bound is 4 tokens (--max-flow-tokens)"),
-    (["--method", "flow", "--max-flow-tokens", "500"], "--max-flow-tokens"),
+    (["--method", "flow", "--max-flow-tokens", "65"], "--max-flow-tokens"),
     (["--method", "maxflow"], "maxflow"),
 ])
 def test_rollout_cli_flow_errors(invoke, tmp_path, monkeypatch, args, fragment) -> None:
@@ -124,7 +124,7 @@ def test_readme_flow_command_runs(invoke, cli_minilm, tmp_path, monkeypatch) -> 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     line = next(x for x in readme.splitlines() if x.startswith("attnviz rollout")
                 and "--method flow" in x)
-    assert "--max-flow-tokens (default 32, at most 128)" in readme.replace("`", "")
+    assert "--max-flow-tokens (default 16, at most 64" in readme.replace("`", "")
     monkeypatch.chdir(tmp_path)
     result = invoke(*shlex.split(line)[1:])
     assert result.exit_code == 0, result.output

@@ -191,6 +191,16 @@ def test_heatmap_titles_and_names(invoke: Any, cli_minilm: Any, tmp_path: Path,
     assert head_title(cap, 2, 3) == f"minilm: {NORM_LABEL}, layer 2, head 3"
     assert layer_title(cap, 2).startswith(f"minilm: {NORM_LABEL}, layer 2")
     assert overview_title(cap).startswith(f"minilm: {NORM_LABEL}, ")
+    # The figure itself: its title and its colour bar's label name the measure.
+    from matplotlib.text import Text
+
+    from attnviz.render.heatmap import capture_grid_figure, capture_head_figure
+
+    for fig in (capture_head_figure(cap, 2, 3).fig, capture_grid_figure(cap, 2)):
+        texts = [t.get_text() for t in fig.findobj(Text)]
+        assert any(t.startswith(f"minilm: {NORM_LABEL}, layer 2") for t in texts), texts
+        assert any(t.startswith(NORM_LABEL) for t in texts), texts  # the colour bar
+        assert not any("attention weight" in t for t in texts)
 
 
 def test_dump_and_from(invoke: Any, cli_minilm: Any, tmp_path: Path,
@@ -234,6 +244,13 @@ def test_heads_row_normalises_and_says_so(invoke: Any, cli_minilm: Any,
         assert rows[(layer, head)]["first"] == pytest.approx(p[:, 0].mean(), abs=1e-6)
     table = invoke("heads", SENTENCE, "--measure", "norm")
     assert "rows scaled to sum to 1" in " ".join(table.stdout.split())
+    as_csv = list(csv.DictReader(io.StringIO(invoke("heads", SENTENCE, "--measure", "norm",
+                                                    "--format", "csv").stdout)))
+    assert {row["measure"] for row in as_csv} == {"norm"}
+    first = next(r for r in as_csv if (r["layer"], r["head"]) == ("3", "7"))
+    assert float(first["self"]) == pytest.approx(rows[(3, 7)]["self"], abs=1e-6)
+    plain = invoke("heads", SENTENCE, "--format", "csv").stdout.splitlines()[0]
+    assert "measure" not in plain
 
 
 def test_rollout_of_norm(invoke: Any, cli_minilm: Any, tmp_path: Path,
@@ -252,6 +269,15 @@ def test_rollout_of_norm(invoke: Any, cli_minilm: Any, tmp_path: Path,
         expected = mixed if expected is None else mixed @ expected
     np.testing.assert_allclose(matrix, expected, atol=1e-5)
     np.testing.assert_allclose(matrix.sum(-1), 1.0, atol=1e-5)
+    # Attention flow takes the same row-scaled heads.
+    from attnviz.analysis.flow import flow_weights
+
+    flowed = invoke("rollout", SENTENCE, "--measure", "norm", "--method", "flow", "-o",
+                    tmp_path / "flow.png")
+    assert flowed.exit_code == 0, flowed.output
+    heads = norm_ref / norm_ref.sum(-1, keepdims=True)
+    np.testing.assert_allclose(np.load(tmp_path / "flow.npy"), flow_weights(heads), atol=1e-5)
+    assert "each head's rows were scaled" in " ".join(flowed.stderr.split())
 
 
 def test_html_report_names_the_measure(invoke: Any, cli_minilm: Any, tmp_path: Path,
@@ -312,6 +338,10 @@ def test_compare_and_export(invoke: Any, cli_minilm: Any, minilm: Any, tmp_path:
     np.testing.assert_allclose(saved.weights, norm_ref[np.ix_([1], [0])], atol=1e-6)
     manifest = json.loads((folder / "export.json").read_text("utf-8"))
     assert manifest["settings"]["measure"] == "norm"
+    # The PNG frames were laid out with the measure's colour bar label (drawn in this process).
+    from attnviz.export import draw
+
+    assert any(NORM_LABEL in key for key in draw._HEAD_TEMPLATES)
 
 
 def test_weights_by_name_is_the_default(invoke: Any, cli_minilm: Any) -> None:
@@ -426,3 +456,41 @@ def test_notebook_view_names_the_measure(minilm: Any) -> None:
     assert f"attnviz: minilm, {NORM_LABEL}: {SENTENCE}" in shown  # the view's title
     plain = capture_html(minilm.capture(SENTENCE, layers=[1]))
     assert f"attnviz: minilm: {SENTENCE}" in plain and "minilm, norm" not in plain
+
+
+def test_heads_of_a_corpus(invoke: Any, cli_minilm: Any, minilm: Any, tmp_path: Path) -> None:
+    texts = [SENTENCE, "A dog barked at the mailman"]
+    corpus = tmp_path / "texts.txt"
+    corpus.write_text("\n".join(texts) + "\n", "utf-8")
+    result = invoke("heads", "--input", corpus, "--measure", "norm", "--format", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["measure"] == "norm" and report["texts"] == 2
+    assert "norm rows scaled to sum to 1 before the statistics" in report["title"]
+    rows = {(r["layer"], r["head"]): r for r in report["heads"]}
+    selfs, count = 0.0, 0
+    for text in texts:  # every query row of every text counts once
+        block = reference(minilm, text)[2, 9]
+        p = block / block.sum(-1, keepdims=True)
+        selfs += float(np.diagonal(p).sum())
+        count += p.shape[0]
+    assert rows[(2, 9)]["self"] == pytest.approx(selfs / count, abs=1e-6)
+
+
+def test_memory_is_checked_before_the_pass(minilm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import psutil
+
+    from attnviz.errors import InputError
+
+    calls: list[str] = []
+    monkeypatch.setattr(measures, "compute", lambda *a: calls.append("compute") or [])
+    # Room for the kept layer, not for the measure of every layer and head it is cut from.
+    kept = 1 * 1 * 8 * 8 * 4
+    monkeypatch.setattr(psutil, "virtual_memory",
+                        lambda: types.SimpleNamespace(available=int(kept * 20)))
+    with pytest.raises(InputError, match="6 layers x 12 heads"):
+        minilm.capture(SENTENCE, layers=[0], heads=[0], measure="norm")
+    assert calls == []
+    assert minilm.capture(SENTENCE, layers=[0], heads=[0]).weights.shape == (1, 1, 8, 8)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import json
 import socket
 import threading
 import time
@@ -136,3 +137,20 @@ def test_remote_session_checks_the_answer_names_the_measure(
     monkeypatch.setattr(RemoteSession, "request", forgetful)
     with pytest.raises(ServerError, match="it holds the measure weights, not norm"):
         remote.capture(SENTENCE, model="minilm", layers="0", measure="norm")
+
+
+def test_topk_of_a_measure_matches_the_cli(client: TestClient, invoke: Any, cli_minilm: Any,
+                                           norm_ref: np.ndarray) -> None:
+    args = ("top-k", SENTENCE, "--measure", "norm", "--layer", "3", "--head", "6", "-k", "2",
+            "--no-cache")
+    body = {"text": SENTENCE, "model": "minilm", "measure": "norm", "layer": 3, "head": 6,
+            "k": 2}
+    csv_response = client.post("/api/topk", json={**body, "format": "csv"})
+    assert csv_response.text == invoke(*args, "--format", "csv").stdout
+    assert csv_response.text.splitlines()[0].endswith(",norm")
+    cli_json = json.loads(invoke(*args, "--format", "json").stdout)
+    api_json = client.post("/api/topk", json=body).json()
+    assert api_json["measure"] == cli_json["measure"] == "norm"
+    assert api_json["rows"] == cli_json["rows"] and api_json["title"] == cli_json["title"]
+    row = client.post("/api/topk", json={**body, "query": 2}).json()["row"]
+    np.testing.assert_allclose(row["weights"], norm_ref[3, 6, 2], atol=1e-6)

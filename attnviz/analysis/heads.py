@@ -93,8 +93,11 @@ def format_head_table(rows: list[dict[str, Any]], layer_rows: list[dict[str, Any
     if fmt == "csv":
         from attnviz.csvtext import csv_text
 
-        return csv_text(["layer", "head", "label", *keys], (
-            [row["layer"], row["head"], row["label"], *[f"{row[k]:.6f}" for k in keys]]
+        measure = info.get("measure")  # a measure's statistics say whose they are
+        extra = [] if not measure else ["measure"]
+        return csv_text(["layer", "head", "label", *keys, *extra], (
+            [row["layer"], row["head"], row["label"], *[f"{row[k]:.6f}" for k in keys],
+             *([measure] if measure else [])]
             for row in rows))
     lines = [f"**{info['title']}**", "",
              "| layer | head | label | " + " | ".join(keys) + " |",

@@ -88,14 +88,15 @@ def _head_template(task: RenderTask, shown: FigureView, titles: list[str],
     from attnviz.render.fast import head_template
 
     rows, cols = tuple(shown.row_labels), tuple(shown.col_labels)
+    label = shown.capture.measure_label or "attention weight"
     key = (task.folder, rows, cols, task.cmap, task.dpi, task.annot, _scale(task),
-           shown.row_divider, shown.col_divider)
+           shown.row_divider, shown.col_divider, label)
     template = _HEAD_TEMPLATES.get(key)
     if template is None:
         template = head_template(rows, cols, cmap=task.cmap, dpi=task.dpi, annot=task.annot,
                                  titles=titles, scale=_scale(task),
                                  row_divider=shown.row_divider, col_divider=shown.col_divider,
-                                 figures=figures)
+                                 figures=figures, label=label)
         _remember(_HEAD_TEMPLATES, key, template, 1)
     else:
         template.prepare(titles, figures)
@@ -110,8 +111,9 @@ def _grid_template(rows: list[str], cols: list[str], shown: FigureView, task: Re
     from attnviz.render.fast import grid_template
 
     tokens, keys = list(shown.row_labels), list(shown.col_labels)
+    label = shown.capture.measure_label or "attention weight"
     base = (len(rows), tuple(cols), len(tokens), len(keys), task.cmap, task.dpi, _scale(task),
-            shown.row_divider, shown.col_divider)
+            shown.row_divider, shown.col_divider, label)
     for entry_rows, entry_tokens, template in _GRID_TEMPLATES.get(base, []):
         if entry_rows in (None, tuple(rows)) and entry_tokens in (None, (*tokens, *keys)):
             template.prepare(titles, figures)
@@ -120,7 +122,7 @@ def _grid_template(rows: list[str], cols: list[str], shown: FigureView, task: Re
     template = grid_template(len(rows), len(cols), len(tokens), rows, cols, tokens=tokens,
                              key_tokens=keys, num_keys=len(keys), cmap=task.cmap, dpi=task.dpi,
                              titles=titles, scale=_scale(task), row_divider=shown.row_divider,
-                             col_divider=shown.col_divider, figures=figures)
+                             col_divider=shown.col_divider, figures=figures, label=label)
     shows_rows = any(template_shows(template, label) for label in rows)
     entry = (tuple(rows) if shows_rows else None,
              (*tokens, *keys) if template.uses_tokens else None, template)

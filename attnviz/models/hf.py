@@ -605,7 +605,7 @@ class HFSource:
         # A measure is computed for every layer and head before the selection is kept.
         every = [(self.num_layers, self.num_heads, size, size)] if measure != "weights" else []
         if allocate is None:
-            self._check_memory([shape, *every])
+            self._check_memory([*every, shape])  # the message names the larger
             weights = np.empty(shape, dtype=np.float32)
         else:
             self._check_memory(every)

@@ -313,7 +313,8 @@ def head_template(rows: Sequence[str], cols: Sequence[str], *, cmap: str = "viri
                   dpi: float = DEFAULT_DPI, annot: bool | None = None,
                   titles: Sequence[str] = (), scale: ColourScale | None = None,
                   row_divider: int | None = None, col_divider: int | None = None,
-                  figures: Iterable[Sequence[np.ndarray]] = ()) -> FrameTemplate:
+                  figures: Iterable[Sequence[np.ndarray]] = (),
+                  label: str = "attention weight") -> FrameTemplate:
     """The frame of :func:`~attnviz.render.head.draw_head` for these token labels.
 
     Args:
@@ -328,6 +329,7 @@ def head_template(rows: Sequence[str], cols: Sequence[str], *, cmap: str = "viri
         row_divider, col_divider: a sentence pair's divider, as in ``draw_head``.
         figures: data of figures to come (each a ``[matrix]``): their colour bar labels are
             drawn with the titles, in one pass.
+        label: what the colour bar shows (a measure's name, e.g. ``norm ||αf(x)||``).
     """
     num_query, num_key = len(rows), len(cols)
     colour_scale = _scale_of(scale)
@@ -341,7 +343,7 @@ def head_template(rows: Sequence[str], cols: Sequence[str], *, cmap: str = "viri
             np.zeros((num_query, num_key), np.float32), list(rows), list(cols),
             title=layout_title, cmap=cmap, annot=annot, scale=colour_scale, dpi=dpi,
             row_divider=row_divider, col_divider=col_divider, title_lines_hint=lines,
-            write_values=False)
+            write_values=False, label=label)
         title = _Slot.of(art.title, wrap=art.title_width)
         ticks = [_Slot.of(text) for text in art.ticks]
         art.image.set_visible(False)
@@ -369,7 +371,8 @@ def grid_template(num_rows: int, num_cols: int, num_tokens: int, row_labels: Seq
                   titles: Sequence[str] = (), scale: ColourScale | None = None,
                   num_keys: int | None = None, key_tokens: Sequence[str] | None = None,
                   row_divider: int | None = None, col_divider: int | None = None,
-                  figures: Iterable[Sequence[np.ndarray]] = ()) -> FrameTemplate:
+                  figures: Iterable[Sequence[np.ndarray]] = (),
+                  label: str = "attention weight") -> FrameTemplate:
     """The frame of :func:`~attnviz.render.grid.draw_grid` for ``[rows, cols, T, T]`` data
     (``[rows, cols, num_tokens, num_keys]`` with a window).
 
@@ -388,7 +391,7 @@ def grid_template(num_rows: int, num_cols: int, num_tokens: int, row_labels: Seq
             tokens=list(tokens) if tokens is not None else None,
             key_tokens=list(key_tokens) if key_tokens is not None else None,
             scale=colour_scale, dpi=dpi, row_divider=row_divider, col_divider=col_divider,
-            with_images=False)
+            with_images=False, label=label)
         note = art.layout.note
         title = _Slot.of(art.title, wrap=art.layout.title_width)
         ticks = [_Slot.of(text) for text in art.ticks]

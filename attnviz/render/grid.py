@@ -147,7 +147,8 @@ def draw_grid(matrices: np.ndarray, row_labels: Sequence[str], col_labels: Seque
               key_tokens: Sequence[str] | None = None,
               scale: ColourScale | str | None = None, gamma: float | None = None,
               vmax: str | float | None = DEFAULT_VMAX, dpi: float = DEFAULT_DPI,
-              row_divider: int | None = None, col_divider: int | None = None) -> Figure:
+              row_divider: int | None = None, col_divider: int | None = None,
+              label: str = "attention weight") -> Figure:
     """A grid of small heatmaps: ``matrices`` is ``[rows, cols, query, key]``.
 
     Used for a layer's heads (one row, wrapped into a near-square grid) and for the model
@@ -158,4 +159,4 @@ def draw_grid(matrices: np.ndarray, row_labels: Sequence[str], col_labels: Seque
     return draw_grid_artists(matrices, row_labels, col_labels, title=title, cmap=cmap,
                              tokens=tokens, key_tokens=key_tokens, scale=scale, gamma=gamma,
                              vmax=vmax, dpi=dpi, row_divider=row_divider,
-                             col_divider=col_divider).fig
+                             col_divider=col_divider, label=label).fig

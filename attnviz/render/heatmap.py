@@ -216,7 +216,8 @@ def capture_head_figure(capture: Any, layer: int, head: int | str = "mean", *,
         shown.crop(matrix), shown.row_labels, shown.col_labels,
         title=head_title(view, layer, head, shown.suffix), cmap=options.cmap,
         annot=options.annot, scale=options.colour_scale(), dpi=options.dpi,
-        row_divider=shown.row_divider, col_divider=shown.col_divider, ax=ax)
+        row_divider=shown.row_divider, col_divider=shown.col_divider, ax=ax,
+        label=view.measure_label or "attention weight")
 
 
 def capture_grid_figure(capture: Any, layer: int | None = None, *,
@@ -243,7 +244,8 @@ def capture_grid_figure(capture: Any, layer: int | None = None, *,
     return draw_grid(block, rows, heads, title=title, cmap=options.cmap,
                      tokens=shown.row_labels, key_tokens=shown.col_labels,
                      scale=options.colour_scale(), dpi=options.dpi,
-                     row_divider=shown.row_divider, col_divider=shown.col_divider)
+                     row_divider=shown.row_divider, col_divider=shown.col_divider,
+                     label=view.measure_label or "attention weight")
 
 
 def capture_heatmap(capture: Any, /, layer: int, head: int | str = "mean",

@@ -543,11 +543,14 @@ def topk_payload(capture: Capture, params: TopkRequest) -> dict[str, Any]:
         label = str(resolve_index(int(chosen), view.num_heads, "head"))
         matrix, what = view.matrix(params.layer, int(chosen)), f"head {label}"
     notes = view_notes(view)
-    title = (f"{view.model_label}: layer {layer}, {what}"
+    measure = f"{view.measure_label}, " if view.measure_label else ""
+    title = (f"{view.model_label}: {measure}layer {layer}, {what}"
              + (f" ({', '.join(notes)})" if notes else "") + f", top {params.k}")
     tokens = view.display_tokens
     payload: dict[str, Any] = {"title": title, "k": params.k, "layer": layer, "head": label,
                                "tokens": tokens}
+    if view.measure != "weights":  # as the CLI's json; the CSV names its value column so
+        payload["measure"] = view.measure
     if params.query is None:
         payload["rows"] = topk_rows(matrix, tokens, params.k, causal=view.causal)
         return payload
@@ -571,7 +574,10 @@ def topk_csv(payload: dict[str, Any]) -> str:
     """CSV of a :func:`topk_payload` (the columns of ``attnviz top-k --format csv``)."""
     from attnviz.csvtext import csv_text
 
-    return csv_text(TOPK_CSV_HEADER, (
+    header = list(TOPK_CSV_HEADER)
+    if payload.get("measure"):
+        header[-1] = str(payload["measure"])
+    return csv_text(header, (
         [row["query_index"], row["query"], rank, item["key_index"], item["key"],
          f"{item['weight']:.6f}"]
         for row in payload["rows"] for rank, item in enumerate(row["top"], start=1)))
