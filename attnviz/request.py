@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from attnviz.models import ModelSpec
 
 ENV_MAX_INPUT_MB = "ATTNVIZ_MAX_INPUT_MB"
+#: How a long capture may store its queries and keys (``--long-dtype``).
+LONG_DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MAX_INPUT_MB = 16
 _MAX_INPUT_MB_CEILING = 1_000_000
 
@@ -67,6 +69,14 @@ class CaptureRequest:
             :class:`~attnviz.errors.InputError`.
         use_cache: read and write the capture cache (a session made with ``use_cache=False``
             never does).
+        long: which capture answers: ``False`` the full record of weights (a
+            :class:`~attnviz.capture.Capture`); ``True`` the long capture (queries, keys and
+            log-sum-exp per layer, a :class:`~attnviz.long.LongCapture`: exact weights on
+            demand, memory O(T x d)); ``None`` the full record when it fits under
+            :func:`attnviz.long_session.max_full_bytes`, else the long capture (said through
+            the session's ``warn``).
+        long_dtype: how a long capture stores queries and keys: ``"float32"``, ``"float16"``
+            or ``"bfloat16"``.
 
     Raises:
         UsageError: the request names two inputs, or a pair with a saved capture.
@@ -85,8 +95,16 @@ class CaptureRequest:
     max_tokens: int | None = None
     truncate: bool = True
     use_cache: bool = True
+    long: bool | None = False
+    long_dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        if self.long not in (True, False, None):
+            raise UsageError(f"long must be True, False or None (decide by size), not "
+                             f"{self.long!r:.40}")
+        if self.long_dtype not in LONG_DTYPES:
+            raise UsageError(f"long_dtype must be one of {', '.join(LONG_DTYPES)}, not "
+                             f"{self.long_dtype!r:.40}")
         given = [name for name, value in (("text", self.text), ("stdin", self.stdin or None),
                                           ("from_path", self.from_path)) if value is not None]
         if len(given) > 1:

@@ -39,11 +39,13 @@ from attnviz.checks import (  # noqa: F401 - re-exported for callers of the sess
     check_text,
 )
 from attnviz.errors import AttnvizError, InputError, UsageError
+from attnviz.long_session import LongPath
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from attnviz.capture import Capture
+    from attnviz.long import LongCapture
     from attnviz.models import AttentionSource, ModelShape, ModelSpec
     from attnviz.request import CaptureRequest
 
@@ -121,8 +123,12 @@ def _for_callers(method: _Method) -> _Method:
     return cast("_Method", wrapper)
 
 
-class Session:
+class Session(LongPath):
     """Loaded models (kept warm), the capture cache and the text -> capture step.
+
+    Long inputs: :meth:`capture_long` (and a request with ``long=True``, or ``long=None`` when
+    a full capture would not fit) answers with a :class:`~attnviz.long.LongCapture`
+    (:mod:`attnviz.long_session`); long captures are not kept in the capture cache.
 
     Args:
         use_cache: read and write the on-disk capture cache (:mod:`attnviz.cache`).
@@ -250,6 +256,10 @@ class Session:
             yield
         finally:
             self.on_load = previous
+
+    def _spec(self, model: str | ModelSpec | None, **options: Any) -> ModelSpec:
+        """The checked spec of a model name and options (:func:`make_spec`)."""
+        return make_spec(model, **options)
 
     def _forward_lock(self, spec: ModelSpec) -> threading.Lock:
         with self._lock:
@@ -400,7 +410,7 @@ class Session:
                 raise UsageError(f"--start-layer: {error.message}", error.hint) from None
 
     @_for_callers
-    def run(self, request: CaptureRequest) -> Capture:
+    def run(self, request: CaptureRequest) -> Capture | LongCapture:
         """Answer one request (:mod:`attnviz.request`): the capture a command works on.
 
         Checks the request against the model's config (:meth:`check`), reads the saved
@@ -408,8 +418,13 @@ class Session:
         when asked), captures the text (from the capture cache, else the model; its warnings
         go to ``warn``) and checks ``layer`` and ``head`` against the capture.
 
+        A request with ``long=True`` (or ``long=None`` and a full capture too big for
+        :func:`~attnviz.long_session.max_full_bytes`) is answered with a long capture, as is a
+        ``from_path`` that holds one (``attnviz dump --long``).
+
         Returns:
-            The capture, weights ``[layer, head, query, key]``.
+            The capture, weights ``[layer, head, query, key]``; or a
+            :class:`~attnviz.long.LongCapture`.
 
         Raises:
             UsageError: no input, or an index out of range or not in the capture.
@@ -417,7 +432,37 @@ class Session:
             DumpError: the saved capture is missing or damaged.
         """
         self.check(request)
-        return self._answer(request)
+        if request.from_path is not None:
+            from attnviz.long_session import is_long_folder
+
+            if is_long_folder(request.from_path):
+                return self._saved_long(request)
+            return self._answer(request)
+        if request.long is False:
+            return self._answer(request)
+        text, pair = self._texts(request)
+        if not self.wants_long(request, text, pair):
+            return self._answer(dataclasses.replace(request, text=text, stdin=False))
+        cap = self.answer_long(dataclasses.replace(request, text=text, stdin=False), text, pair)
+        self._check_indices(cap, request)
+        return cap
+
+    def run_full(self, request: CaptureRequest) -> Capture:
+        """:meth:`run` for the commands that need every weight (``rollout``): always the full
+        capture.
+
+        Raises:
+            UsageError: ``from_path`` holds a long capture.
+        """
+        from attnviz.capture import Capture
+
+        cap = self.run(dataclasses.replace(request, long=False))
+        if not isinstance(cap, Capture):
+            raise UsageError(f"{request.from_path} holds a long capture (queries and keys), "
+                             "and this command needs every weight at once",
+                             "use heatmap, top-k or heads on it, or dump the text without "
+                             "--long")
+        return cap
 
     @_for_callers
     def run_each(self, requests: Sequence[CaptureRequest]) -> list[Capture]:
@@ -428,22 +473,29 @@ class Session:
 
     @_for_callers
     def write(self, request: CaptureRequest, path: Path | str, *, float16: bool = False
-              ) -> tuple[Path, Capture]:
+              ) -> tuple[Path, Capture | LongCapture]:
         """Answer a request as :meth:`run` and write the record to ``path`` (``attnviz dump``).
 
         A saved capture is read memory-mapped; a text goes through :meth:`dump` (from the
-        cache, else streamed layer by layer into the file).
+        cache, else streamed layer by layer into the file). A long capture (``request.long``,
+        see :meth:`run`) is written into the folder ``path`` as it is captured.
 
         Returns:
-            The written ``.npy`` path and the capture.
+            The written ``.npy`` path (a long capture: its folder) and the capture.
         """
         self.check(request)
         if request.from_path is not None:
+            from attnviz.long_session import is_long_folder
+
+            if is_long_folder(request.from_path):
+                return self.write_long(self._saved_long(request), path, float16=float16)
             from attnviz.stream import write_capture
 
             capture = self._saved(request, mmap=True)
             return write_capture(capture, path, float16=float16), capture
         text, pair = self._texts(request)
+        if request.long is not False and self.wants_long(request, text, pair):
+            return self.dump_long(request, text, pair, path, float16=float16)
         written = self.dump(text, path, pair, model=request.model, layers=request.layers,
                             heads=request.heads, max_tokens=request.max_tokens,
                             truncate=request.truncate, float16=float16,

@@ -39,6 +39,9 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 INPUT_PANEL = "Input"
 MODEL_PANEL = "Model"
 TOY_PANEL = "Toy model (--model toy)"
+LONG_PANEL = "Long inputs"
+#: The commands with a long path (``--long``); the others need every weight at once.
+LONG_COMMANDS = ("heatmap", "top-k", "heads", "dump", "export")
 VIEW_PANEL = "What to show"
 OUTPUT_PANEL = "Output"
 
@@ -140,6 +143,14 @@ KeysOpt = Annotated[str | None, typer.Option(
     help="The key columns to show, as --tokens (overrides it for columns).")]
 
 
+class LongDtype(str, Enum):
+    """How ``--long`` stores queries and keys."""
+
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
 class ScaleName(str, Enum):
     """Colour scales of ``--scale``."""
 
@@ -201,8 +212,11 @@ class CaptureOptions:
     no_cache: bool
     device_map: str | None = None
     server: str | None = None
+    long: bool | None = None
+    long_dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        self.long_dtype = str(getattr(self.long_dtype, "value", self.long_dtype))
         # --server (or $ATTNVIZ_SERVER) applies to the whole command: the CLI session becomes a
         # client of that server, so every capture the command asks for comes from there. A
         # saved capture (--from) is read here: no server is asked, whatever it says.
@@ -255,16 +269,20 @@ class CaptureOptions:
 
     def request(self, *, layers: str | None = None, heads: str | None = None,
                 layer: int | None = None, head: int | None = None,
-                start_layer: int | None = None) -> CaptureRequest:
+                start_layer: int | None = None, long_path: bool = False) -> CaptureRequest:
         """The request for the command's TEXT (``-``: standard input) or ``--from`` capture.
 
         Args:
             layers: the layers to keep (``"0,2-4"``); ``heads`` the heads (``None``: all).
             layer: the layer the command reads, ``head`` its head (checked before loading
                 and on the capture); ``start_layer`` rollout's first layer.
+            long_path: the command can work on a long capture: ``--long`` forces it, and
+                without ``--long``/``--no-long`` the session takes it when a full capture
+                would not fit. Otherwise ``--long`` is refused.
 
         Raises:
-            UsageError: neither or both of TEXT and ``--from``, or ``--pair`` with ``--from``.
+            UsageError: neither or both of TEXT and ``--from``, ``--pair`` with ``--from``,
+                or ``--long`` on a command without a long path.
         """
         if self.text is None and self.from_path is None:
             raise missing_text_error()
@@ -274,24 +292,46 @@ class CaptureOptions:
             raise UsageError("--pair cannot be used with --from: the capture already holds its "
                              "text")
         return self._request(layers=layers, heads=heads, layer=layer, head=head,
-                             start_layer=start_layer)
+                             start_layer=start_layer, long_path=long_path)
 
-    def model_request(self, *, layers: str | None = None, heads: str | None = None
-                      ) -> CaptureRequest:
+    def model_request(self, *, layers: str | None = None, heads: str | None = None,
+                      long_path: bool = False) -> CaptureRequest:
         """The request of a command whose texts come from elsewhere (``--input``, export's
         TEXT...): the model, the selection and the limits, no input of its own."""
-        return self._request(layers=layers, heads=heads, input_given=False)
+        return self._request(layers=layers, heads=heads, input_given=False,
+                             long_path=long_path)
 
-    def _request(self, *, input_given: bool = True, **what: Any) -> CaptureRequest:
+    def long_choice(self, long_path: bool) -> bool | None:
+        """The request's ``long``: ``--long``/``--no-long``, or ``None`` (decide by size) on a
+        command with a long path; ``False`` on the others, which refuse ``--long``.
+
+        Raises:
+            UsageError: ``--long`` (or ``--long-dtype``) on a command without a long path.
+        """
+        if long_path:
+            return self.long
+        given = ("--long" if self.long else "--long-dtype" if self.long_dtype != "float32"
+                 else None)
+        if given is not None:
+            raise UsageError(f"{given}: {_command_path()} has no long path (it needs every "
+                             f"weight at once); --long works with "
+                             f"{', '.join(LONG_COMMANDS)}",
+                             f"leave out {given}, or shorten the input with --max-tokens N")
+        return False
+
+    def _request(self, *, input_given: bool = True, long_path: bool = False,
+                 **what: Any) -> CaptureRequest:
         from attnviz.request import CaptureRequest
 
+        long = self.long_choice(long_path)
         text = self.text if input_given else None
         from_path = self.from_path if input_given else None
         return CaptureRequest(text=None if text == "-" else text, stdin=text == "-",
                               from_path=from_path, pair=self.pair if input_given else None,
                               model=None if from_path is not None else self.spec(),
                               max_tokens=self.max_tokens, truncate=self.truncate,
-                              use_cache=not self.no_cache, **what)
+                              use_cache=not self.no_cache, long=long,
+                              long_dtype=self.long_dtype, **what)
 
 
 _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
@@ -344,6 +384,17 @@ _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
         show_default=False,
         help="Capture through a running 'attnviz serve' at URL instead of loading the model "
              "here ($ATTNVIZ_SERVER); the numbers are the same.")], None),
+    ("long", Annotated[bool | None, typer.Option(
+        "--long/--no-long", rich_help_panel=LONG_PANEL, show_default=False,
+        help="Long inputs (8k-100k+ tokens of a causal LM): capture each layer's queries, keys "
+             "and log-sum-exp instead of every weight, and compute exact weights on demand "
+             "(memory grows as tokens x head size, not tokens^2). Default: taken by itself "
+             "when layers x heads x tokens^2 x 4 bytes is over $ATTNVIZ_MAX_FULL_MB (a quarter "
+             "of the free memory); --no-long never.")], None),
+    ("long_dtype", Annotated[LongDtype, typer.Option(
+        "--long-dtype", rich_help_panel=LONG_PANEL,
+        help="How the long path stores queries and keys (16-bit types halve the memory; "
+             "weights are computed in float32).")], LongDtype.float32),
     ("toy_heads", ToyHeadsOpt, 2),
     ("toy_layers", ToyLayersOpt, 1),
     ("d_model", DModelOpt, 16),

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from attnviz.capture import Capture
 from attnviz.cli._analysis_common import view_suffix
 from attnviz.cli._app import app
 from attnviz.cli._common import (
@@ -38,7 +39,7 @@ from attnviz.cli._common import (
 from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
-    from attnviz.capture import Capture
+    pass
 
 
 class TableFormat(str, Enum):
@@ -135,6 +136,12 @@ def heatmap(
       attnviz heatmap --from long/ --layer 2 --head 3 --tokens 2:8 --vmax 1
 
       attnviz heatmap --from cat/ --layer 0
+
+    Long inputs (--long, or taken by itself when every weight would not fit): a --tokens
+    window of one head is drawn exactly; without one, the figures show the atlas (the largest
+    weight of each block of tokens; the title gives the block size).
+
+      attnviz heatmap - --model ./llama --long --layer 2 --head 3 --tokens 8000:8064 < book.txt
     """
     head_choice = _parse_head(head)
     if head_choice is not None and layer is None:
@@ -152,7 +159,19 @@ def heatmap(
     figure.colour_scale()  # a bad --vmax is reported before the slow parts
     # --layer/--head are checked against the model's config before it loads, then the capture.
     capture = session().run(options.request(
-        layer=layer, head=head_choice if isinstance(head_choice, int) else None))
+        layer=layer, head=head_choice if isinstance(head_choice, int) else None,
+        long_path=True))
+    suffix = view_suffix(words=words, exclude_special=exclude_special, tokens=tokens,
+                         queries=queries, keys=keys)
+    if not isinstance(capture, Capture):  # a long capture: exact tiles in a window, else atlas
+        from attnviz.cli._long import heatmap as long_heatmap
+
+        path, warnings = long_heatmap(capture, layer=layer, head=head_choice, figure=figure,
+                                       out=out, suffix=suffix)
+        for message in warnings:
+            warn(message)
+        stdout.print(str(path))
+        return
     if layer is not None and head_choice is not None:
         from attnviz.selection import resolve_index
 
@@ -170,8 +189,7 @@ def heatmap(
     else:
         fig = render.capture_grid_figure(capture, None, options=figure)
         what = "overview"
-    what += view_suffix(words=words, exclude_special=exclude_special, tokens=tokens,
-                        queries=queries, keys=keys)
+    what += suffix
     path = render.save_figure(fig, out or _default_name(capture, what), dpi=dpi)
     stdout.print(str(path))
 
@@ -218,6 +236,24 @@ def format_topk(rows: list[dict[str, object]], fmt: TableFormat, k: int, title: 
     return "\n".join(lines) + "\n"
 
 
+def _full_topk(capture: Capture, layer: int, head_choice: int | str | None, k: int, *,
+               words: bool, exclude_special: bool) -> tuple[list[dict[str, object]], str, int]:
+    """Top-k rows of a full capture, the table's title and ``k`` cut to the keys there are."""
+    from attnviz.selection import resolve_index
+
+    view = view_of(capture, exclude_special=exclude_special, words=words)
+    k = min(k, view.num_tokens)  # past the number of keys, -k means every key
+    shown_layer = resolve_index(layer, view.num_layers, "layer")
+    if head_choice == "mean":
+        head_label = view.mean_label
+    else:
+        head_label = str(resolve_index(int(head_choice or 0), view.num_heads, "head"))
+    rows = _topk_rows(view, layer, head_choice if head_choice == "mean" else int(head_choice or 0),
+                      k)
+    title = _head_title(view, shown_layer, head_label, _notes(view)) + f", top {k}"
+    return rows, title, k
+
+
 @app.command("top-k")
 @handle_errors
 @capture_options
@@ -245,29 +281,34 @@ def top_k_command(
       attnviz top-k "The cat sat on the mat" --layer 5 --head 3
 
       attnviz top-k "The cat sat on the mat" -l 0 --head mean -k 2 --format csv
+
+      attnviz top-k - --model ./llama --long -l 2 --head 3 -f csv -o top.csv < book.txt
     """
-    from attnviz.selection import resolve_index
+    import attnviz.cli._long as _long
 
     head_choice = _parse_head(head)
+    if options.long:
+        _long.check_view(words=words, exclude_special=exclude_special)
+        _long.check_k(k)
     capture = session().run(options.request(
-        layer=layer, head=head_choice if isinstance(head_choice, int) else None))
-    view = view_of(capture, exclude_special=exclude_special, words=words)
-    k = min(k, view.num_tokens)  # past the number of keys, -k means every key
-    shown_layer = resolve_index(layer, view.num_layers, "layer")
-    if head_choice == "mean":
-        head_label = view.mean_label
+        layer=layer, head=head_choice if isinstance(head_choice, int) else None,
+        long_path=True))
+    if isinstance(capture, Capture):
+        rows, title, k = _full_topk(capture, layer, head_choice, k, words=words,
+                                    exclude_special=exclude_special)
     else:
-        head_label = str(resolve_index(int(head_choice or 0), view.num_heads, "head"))
-    rows = _topk_rows(view, layer, head_choice if head_choice == "mean" else int(head_choice or 0),
-                      k)
-    title = _head_title(view, shown_layer, head_label, _notes(view)) + f", top {k}"
+        _long.check_view(words=words, exclude_special=exclude_special)
+        _long.check_k(k)
+        rows, shown_layer, shown_head = _long.topk_rows(capture, layer, head_choice or 0, k)
+        k = min(k, capture.num_tokens)
+        title = _long.topk_title(capture, shown_layer, shown_head, k)
     if fmt is TableFormat.table and out is None:
         from rich.table import Table
 
         table = Table(title=title, show_lines=False)
         table.add_column("#", justify="right", style="dim")
         table.add_column("query", style="bold")
-        for rank in range(1, min(k, view.num_tokens) + 1):
+        for rank in range(1, k + 1):
             table.add_column(f"top {rank}")
         from rich.markup import escape
 
@@ -317,8 +358,14 @@ def dump(
     The weights are written layer by layer into a memory-mapped file as the model runs, so a
     capture bigger than memory can be dumped (and read back slice by slice with --from). A
     text already in the capture cache is written from there without loading the model.
+
+    A long input (--long, or by itself when every weight would not fit) is written as a long
+    capture: a folder of queries, keys and log-sum-exp per layer (q_000.npy, k_000.npy,
+    lse_000.npy) and its sidecar long.json; heatmap, top-k and heads read it back with --from.
+
+      attnviz dump - --model ./llama --long --long-dtype bfloat16 -o book/ < book.txt
     """
-    request = options.request(layers=layers, heads=heads)
+    request = options.request(layers=layers, heads=heads, long_path=True)
     if out.suffix.lower() in _NOT_A_CAPTURE and not out.exists():
         raise UsageError(f"-o {out}: a capture is written as a folder (attention.npy and "
                          f"capture.json) or as NAME.npy beside NAME.json, not as "

@@ -13,11 +13,12 @@ import re
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.markup import escape
 
+from attnviz.capture import Capture
 from attnviz.cli._analysis_common import check_distinct_outputs, check_image_path
 from attnviz.cli._app import app
 from attnviz.cli._common import (
@@ -50,6 +51,9 @@ from attnviz.cli._engine import (
 )
 from attnviz.cli.core import TableFormat
 from attnviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnviz.long import LongCapture
 
 # Kept in step with attnviz.analysis.stats (not imported here: --help must stay light).
 _STATS = ("entropy", "entropy_nats", "distance", "max_weight", "self", "previous", "next",
@@ -124,6 +128,10 @@ HEADS_HELP = "\n\n".join([
     "  attnviz heads --input corpus.jsonl --engine ray --workers 4 --gpus-per-worker 0.5",
     "  attnviz heads \"The cat sat on the mat.\" --plot heads.png --stat entropy",
     "  attnviz heads \"A B C D\" --model toy --causal --toy-layers 2",
+    "Long inputs (--long, or by itself when every weight would not fit): the statistics the "
+    "long capture streams per head, and the attention sinks (Gu et al.: tokens whose mean "
+    "attention in a head exceeds 0.3).",
+    "  attnviz heads - --model ./llama --long -f csv -o heads.csv < book.txt",
 ])
 
 
@@ -298,6 +306,40 @@ def _print_head_tables(rows: list[dict[str, Any]], layer_rows: list[dict[str, An
         stderr.print("\n".join(textwrap.wrap(note, width)), markup=False, highlight=False)
 
 
+def _long_heads(cap: LongCapture, *, fmt: TableFormat | None, out: Path | None,
+                plot: Path | None, words: bool, exclude_special: bool) -> None:
+    """``heads`` of a long capture: each head's streamed statistics and the attention sinks."""
+    import attnviz.cli._long as _long
+
+    _long.check_view(words=words, exclude_special=exclude_special)
+    if plot is not None:
+        raise UsageError("--plot draws the statistics of a full capture",
+                         "leave out --plot with a long input; --format csv has every "
+                         "statistic")
+    table = _long.head_table(cap)
+    fmt = fmt or TableFormat.table
+    if fmt is TableFormat.table and out is None:
+        from rich import box
+        from rich.table import Table
+
+        grid = Table(title=escape(table["title"]), box=box.SIMPLE_HEAD, pad_edge=False,
+                     show_edge=False, title_justify="left")
+        grid.add_column("L", justify="right", no_wrap=True)
+        grid.add_column("H", justify="right", no_wrap=True)
+        for name in table["stats"]:
+            grid.add_column(escape(name), justify="right", no_wrap=True)
+        for row in table["rows"]:
+            grid.add_row(str(row["layer"]), str(row["head"]),
+                         *[f"{row[name]:.3f}" for name in table["stats"]])
+        from attnviz.cli._analysis_common import print_wide
+
+        print_wide(grid)
+        stdout.print(escape(_long.sink_note(table)), highlight=False)
+        return
+    _write_or_print(_long.format_head_table(
+        table, "markdown" if fmt is TableFormat.table else fmt.value), out)
+
+
 @app.command("heads", help=HEADS_HELP)
 @handle_errors
 @capture_options
@@ -372,6 +414,9 @@ def heads_command(
                       has_input=input_file is not None)
     ray_induction: list[Any] | None = None  # the induction test, when a Ray worker ran it
     if input_file is not None:
+        if options.long:
+            raise UsageError("--long takes one text (TEXT or --from), not --input",
+                             "run heads --long on each long text")
         if options.text is not None or options.from_path is not None:
             raise UsageError("give --input FILE, TEXT or --from PATH, not several")
         if options.pair is not None:
@@ -414,8 +459,12 @@ def heads_command(
     else:
         from attnviz.analysis.stats import stat_sums
 
-        request = options.request(layers=layers, heads=heads)
+        request = options.request(layers=layers, heads=heads, long_path=True)
         capture = session().run(request)
+        if not isinstance(capture, Capture):  # a long capture: its streamed statistics
+            _long_heads(capture, fmt=fmt, out=out, plot=plot, words=words,
+                        exclude_special=exclude_special)
+            return
         view = view_of(capture, exclude_special=exclude_special, words=words)
         sums = stat_sums(view)
     live = request.from_path is None  # the induction test needs the model, not a saved capture

@@ -184,7 +184,7 @@ def html_command(
                              "give pairs as JSONL lines: {\"text\": \"...\", \"pair\": \"...\"}")
         captures = _captures_from_file(options, input_file, layers, heads)
     else:
-        captures = [session().run(options.request(layers=layers, heads=heads))]
+        captures = [session().run_full(options.request(layers=layers, heads=heads))]
     from attnviz.render.html import write_report
 
     path = write_report(captures, out or _default_output(captures, input_file), title=title,

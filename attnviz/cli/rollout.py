@@ -133,7 +133,7 @@ def rollout_command(
 
     check_cmap(cmap)
     # --start-layer is checked against the model's config before it loads.
-    capture = session().run(options.request(start_layer=start_layer))
+    capture = session().run_full(options.request(start_layer=start_layer))
     view = view_of(capture, exclude_special=exclude_special, words=words)
     result = rollout_view(view, head_fusion.value, start_layer, token)
     out_path = out or _default_path(capture)

@@ -13,6 +13,8 @@ the message the CLI would print)::
     POST /api/topk            top-k keys per query of one head (json or csv), or one row
     POST /api/explain         the toy model's step-by-step calculation for one query
     POST /api/induction       a model's attention on token positions (the induction test)
+    POST /api/long/...        long captures kept here: plan, capture, tile, atlas, topk, stats,
+                              received (:mod:`attnviz.server.long_routes`)
 
 Guards: requests must name an allowed ``Host`` (``127.0.0.1``/``localhost`` when bound there,
 so a web page elsewhere cannot reach the server through DNS rebinding) and carry the token when
@@ -580,12 +582,17 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         return error_response(status, "UsageError", f"no such page: {request.url.path}"[:200],
                               "see the JSON API in the README")
 
+    from attnviz.server.long_routes import long_routes
+
+    routes_long, long_store = long_routes(engine, runner.run, read_request, _endpoint, _json)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
             yield
         finally:
             runner.close()
+            long_store.close()
 
     routes = [
         Route("/", _endpoint(index), methods=["GET"]),
@@ -598,12 +605,14 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         Route("/api/topk", _endpoint(topk), methods=["POST"]),
         Route("/api/explain", _endpoint(explain), methods=["POST"]),
         Route("/api/induction", _endpoint(induction), methods=["POST"]),
+        *routes_long,
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(Guard, token=token, allowed_hosts=allowed_hosts)],
                     exception_handlers={404: not_found, 405: not_found})
     app.state.engine = engine
     app.state.runner = runner
+    app.state.long_store = long_store
     return app
 
 

@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 
     from attnviz.capture import Capture
     from attnviz.models import ModelShape, ModelSpec
+    from attnviz.request import CaptureRequest
+    from attnviz.server.long_client import RemoteLongCapture
 
 SERVER_ENV = "ATTNVIZ_SERVER"
 _ERRORS: dict[str, type[AttnvizError]] = {
@@ -408,6 +410,10 @@ class RemoteSession(Session):
             return ServerError(f"the server at {self.url} answered HTTP {status}, not with "
                                "attnviz's API", "check that --server points at 'attnviz serve'")
         hint = None if hint is None else _clean(hint)
+        if kind == "LongUnsupported":  # the model cannot take the long path: a fallback
+            from attnviz.long import LongUnsupported
+
+            return LongUnsupported(message, hint)
         if status in (401, 403) and kind in ("AuthError", "Forbidden"):
             return ServerError(f"the attnviz server at {self.url}: {message}",
                                "give the address with its token as 'attnviz serve' printed it: "
@@ -552,6 +558,69 @@ class RemoteSession(Session):
         capture = self.capture(text, pair, model=model, layers=layers, heads=heads,
                                max_tokens=max_tokens, truncate=truncate, **options)
         return write_capture(capture, path, float16=float16), capture
+
+    # ------------------------------------------------------------------ long inputs
+    def wants_long(self, request: CaptureRequest, text: str, pair: str | None) -> bool:
+        """Whether the long path answers: ``request.long``, else the server's own decision
+        (from the size of a full capture there, ``/api/long/plan``)."""
+        if request.long is not None:
+            return request.long
+        spec = self._spec(request.model)
+        body = {**self._model_fields(spec), "text": text, "pair": pair,
+                "layers": request.layers, "heads": request.heads,
+                "max_tokens": request.max_tokens, "truncate": request.truncate}
+        answer = self.request("POST", "/api/long/plan", body)
+        if not isinstance(answer, dict) or not isinstance(answer.get("long"), bool):
+            raise ServerError(f"the server at {self.url} did not say whether the text takes "
+                              "the long path", "check that --server points at 'attnviz serve' "
+                              "of this version")
+        if answer["long"]:
+            self._note("the server takes the long path for this text: a full capture would not "
+                       "fit its limit (--no-long asks for the full capture)")
+        return bool(answer["long"])
+
+    def token_count(self, request: CaptureRequest, text: str, pair: str | None) -> int:
+        """An upper bound (the tokenizer is on the server)."""
+        return self._token_bound(request, text, pair)
+
+    @_for_callers
+    def capture_long(self, text: str, pair: str | None = None, *,
+                     model: str | ModelSpec | None = None, layers: Any = None,
+                     max_tokens: int | None = None, truncate: bool = True,
+                     dtype: str = "float32", folder: Path | str | None = None,
+                     **options: Any) -> RemoteLongCapture:
+        """A long capture made and kept by the server; reads of it are requests
+        (:class:`~attnviz.server.long_client.RemoteLongCapture`).
+
+        Raises:
+            UsageError: ``folder`` is given (queries and keys stay on the server).
+        """
+        from attnviz.server.long_client import RemoteLongCapture
+
+        if folder is not None:
+            raise UsageError("a long capture made through --server stays on the server: its "
+                             "queries and keys are not sent, so it cannot be written here",
+                             "run attnviz dump --long on the server's machine, or leave out "
+                             "--server")
+        spec = self._spec(model, **options)
+        layer_text, _ = _checked_request(text, pair, layers, None, max_tokens)
+        body = {**self._model_fields(spec), "text": text, "pair": pair, "layers": layer_text,
+                "max_tokens": max_tokens, "truncate": truncate, "dtype": dtype}
+        answer = self.request("POST", "/api/long/capture", body)
+        try:
+            cap = RemoteLongCapture(self, answer)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ServerError(f"the server's answer is not a long capture ({exc})",
+                              "check that --server points at 'attnviz serve' of this version"
+                              ) from None
+        self.forwards += 1
+        if cap.text != text or cap.pair != pair:
+            raise ServerError(f"the server at {self.url} answered with a long capture of "
+                              "another text", "check that --server points at 'attnviz serve' "
+                              "of this version")
+        for message in cap.meta.get("warnings", []):
+            self._note(str(message))
+        return cap
 
     def _captures(self, texts: Sequence[tuple[str, str | None]], *,
                   model: str | ModelSpec | None, batch_size: int, layers: Selection,

@@ -60,10 +60,15 @@ class Limits:
     max_weights: int = 1 << 25  # weights in one response (72 heads x 512^2 is 18.9 M)
     cache_mb: int = 256  # recent captures kept in memory
     max_k: int = 100  # top-k keys per query
+    long_max_tokens: int = 131072  # tokens of a long capture (/api/long/capture)
+    long_max_chars: int = 2_000_000  # characters of a long capture's text plus pair
+    long_max_weights: int = 1 << 22  # values in one long answer (a tile, an atlas, a top-k)
+    long_keep: int = 4  # long captures kept (each a folder of queries, keys, log-sum-exp)
 
     def check(self) -> None:
         """Raise :class:`UsageError` for a bound that leaves nothing to serve."""
-        for name in ("max_body_bytes", "max_chars", "max_tokens", "max_weights", "max_k"):
+        for name in ("max_body_bytes", "max_chars", "max_tokens", "max_weights", "max_k",
+                     "long_max_tokens", "long_max_chars", "long_max_weights", "long_keep"):
             if getattr(self, name) < 1:
                 raise UsageError(f"the server's {name} must be at least 1")
         if self.queue < 0:

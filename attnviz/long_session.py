@@ -1,0 +1,382 @@
+"""The session's long path: when a full capture would not fit, and the long capture instead.
+
+A full capture holds ``layers x heads x T x T`` float32 weights; at 8k tokens and beyond that is
+more memory than a machine has. The long capture (:mod:`attnviz.long`) keeps each layer's
+queries, keys and log-sum-exp (``O(T x d)``) and computes exact weights on demand. This module
+decides which of the two answers a request and runs the long one; :class:`LongPath` is mixed
+into :class:`~attnviz.session.Session`::
+
+    from attnviz.request import CaptureRequest
+    from attnviz.session import Session
+
+    cap = Session().run(CaptureRequest(text=book, model="./llama", long=None))
+    # a Capture when layers x heads x T^2 x 4 bytes fits under $ATTNVIZ_MAX_FULL_MB,
+    # else a LongCapture (the session's warn says which, in one line)
+
+The capture cache holds full captures only: long captures are not cached (their queries and
+keys live in a folder of their own, or in memory).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from attnviz.errors import InputError, UsageError
+
+if TYPE_CHECKING:
+    import threading
+    from pathlib import Path
+
+    from attnviz.capture import Capture
+    from attnviz.long import LongCapture
+    from attnviz.models import AttentionSource, ModelShape, ModelSpec
+    from attnviz.request import CaptureRequest
+
+_T = TypeVar("_T")
+ENV_MAX_FULL_MB = "ATTNVIZ_MAX_FULL_MB"
+#: The default limit of a full capture when the free memory cannot be read.
+FALLBACK_MAX_FULL_MB = 2048
+#: Share of the free memory a full capture may take by default.
+FREE_MEMORY_SHARE = 0.25
+_MAX_FULL_MB_CEILING = 100_000_000
+#: The most tokens one long capture takes (2**20; a model's own limit applies first).
+MAX_LONG_TOKENS = 1 << 20
+#: Special tokens a tokenizer may add around a text and a pair (an upper bound).
+_SPECIAL_ROOM = 16
+
+
+def size_text(size: float) -> str:
+    """``12.3 GB``, ``640 MB``, ``12 KB``: a byte count for messages."""
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{int(size)} bytes"
+
+
+def max_full_bytes() -> int:
+    """The largest full capture (float32 weights) the session makes before it takes the long
+    path by itself: ``$ATTNVIZ_MAX_FULL_MB`` megabytes, else a quarter of the free memory
+    (2 GB when that cannot be read).
+
+    Raises:
+        UsageError: the variable is not a number of megabytes above 0.
+    """
+    raw = os.environ.get(ENV_MAX_FULL_MB, "").strip()
+    if raw:
+        try:
+            megabytes = float(raw)
+        except ValueError:
+            megabytes = float("nan")
+        if not 0 < megabytes <= _MAX_FULL_MB_CEILING:  # also false for NaN
+            raise UsageError(f"{ENV_MAX_FULL_MB}={raw!r:.40} is not a size: give megabytes "
+                             f"above 0, up to {_MAX_FULL_MB_CEILING}",
+                             f"for example: export {ENV_MAX_FULL_MB}=4096, or unset it for "
+                             "a quarter of the free memory")
+        return max(1, int(megabytes * (1 << 20)))
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil comes with accelerate
+        return FALLBACK_MAX_FULL_MB << 20
+    return max(1 << 20, int(FREE_MEMORY_SHARE * psutil.virtual_memory().available))
+
+
+def full_bytes(layers: int, heads: int, tokens: int) -> int:
+    """Bytes of a full capture: ``layers x heads x tokens x tokens`` float32 weights."""
+    return 4 * layers * heads * tokens * tokens
+
+
+def _kept(selection: str | None, size: int, what: str) -> int:
+    from attnviz.selection import parse_selection
+
+    return size if not selection else len(parse_selection(selection, size, what))
+
+
+class LongPath:
+    """The long path of :class:`~attnviz.session.Session` (a mixin: it uses the session's
+    ``warn``, ``shape``, ``source``, ``validate`` and forward locks)."""
+
+    warn: Callable[[str], None] | None
+    forwards: int
+
+    # Provided by Session.
+    def shape(self, model: str | ModelSpec | None = None, **options: Any
+              ) -> ModelShape | None:  # pragma: no cover - Session's
+        raise NotImplementedError
+
+    def source(self, model: str | ModelSpec | None = None, **options: Any
+               ) -> AttentionSource:  # pragma: no cover - Session's
+        raise NotImplementedError
+
+    def _spec(self, model: str | ModelSpec | None, **options: Any
+              ) -> ModelSpec:  # pragma: no cover - Session's
+        raise NotImplementedError
+
+    def _forward_lock(self, spec: ModelSpec) -> threading.Lock:  # pragma: no cover
+        raise NotImplementedError
+
+    def _answer(self, request: CaptureRequest) -> Capture:  # pragma: no cover - Session's
+        raise NotImplementedError
+
+    def validate(self, model: str | ModelSpec | None = None, **what: Any
+                 ) -> None:  # pragma: no cover - Session's
+        raise NotImplementedError
+
+    def _note(self, message: str) -> None:
+        if self.warn is not None:
+            self.warn(message)
+
+    # ------------------------------------------------------------------ deciding
+    def _full_size(self, request: CaptureRequest, tokens: int) -> tuple[int, str]:
+        """Bytes of the request's full capture at ``tokens`` tokens, and how they add up."""
+        shape = self.shape(request.spec)
+        if shape is None:  # a model whose size is known only once loaded
+            source = self.source(request.spec)
+            layers, heads = source.num_layers, source.num_heads
+        else:
+            layers, heads = shape.num_layers, shape.num_heads
+        layers = _kept(request.layers, layers, "layer")
+        heads = _kept(request.heads, heads, "head")
+        return (full_bytes(layers, heads, tokens),
+                f"{layers} layers x {heads} heads x {tokens}^2 tokens, float32")
+
+    def _token_bound(self, request: CaptureRequest, text: str, pair: str | None) -> int:
+        """At most how many tokens the text can have: no tokenizer makes more tokens than
+        UTF-8 bytes (plus special tokens), nor more than ``max_tokens`` (when cutting)."""
+        bound = len(text.encode("utf-8")) + len((pair or "").encode("utf-8")) + _SPECIAL_ROOM
+        if request.max_tokens is not None and request.truncate:
+            bound = min(bound, request.max_tokens)
+        return bound
+
+    def token_count(self, request: CaptureRequest, text: str, pair: str | None) -> int:
+        """The number of tokens the model makes of the text (after ``max_tokens``); loads the
+        model (not its forward pass). A model without a tokenizer of its own (the toy model):
+        the bound of :meth:`_token_bound`."""
+        source = self.source(request.spec)
+        encode = getattr(source, "encode", None)
+        if not callable(encode):
+            return self._token_bound(request, text, pair)
+        enc, _ = encode(text, pair, request.max_tokens, request.truncate)
+        return int(enc["input_ids"].shape[1])
+
+    def wants_long(self, request: CaptureRequest, text: str, pair: str | None) -> bool:
+        """Whether the long capture answers ``request`` (``request.long``; for ``None``,
+        whether the full capture exceeds :func:`max_full_bytes`, said through ``warn``).
+
+        The text is tokenized only when a bound on its length does not settle it, so a short
+        text never loads the model here (the cache may answer it).
+        """
+        if request.long is not None:
+            return request.long
+        limit = max_full_bytes()
+        if self._full_size(request, self._token_bound(request, text, pair))[0] <= limit:
+            return False
+        tokens = self.token_count(request, text, pair)
+        size, parts = self._full_size(request, tokens)
+        if size <= limit:
+            return False
+        self._note(f"a full capture would need {size_text(size)} ({parts}), more than "
+                   f"{size_text(limit)} (${ENV_MAX_FULL_MB}): taking the long path (--long)")
+        return True
+
+    # ------------------------------------------------------------------ capturing
+    def answer_long(self, request: CaptureRequest, text: str, pair: str | None, *,
+                    folder: Path | str | None = None,
+                    full: Callable[[], _T] | None = None) -> LongCapture | _T:
+        """The long capture of the request's text (written into ``folder`` when given), or,
+        when the model cannot take the long path and the full capture fits, ``full()`` (the
+        full capture, by default; said through ``warn``).
+
+        Raises:
+            UsageError: the model cannot take the long path and a full capture would not fit.
+        """
+        from attnviz.long import LongUnsupported
+
+        if request.heads is not None:
+            raise UsageError("--heads does not apply to a long capture: it keeps every head of "
+                             "its layers (queries and keys are small)",
+                             "leave out --heads; select layers with --layers")
+        try:
+            return self.capture_long(text, pair, model=request.model, layers=request.layers,
+                                     max_tokens=request.max_tokens, truncate=request.truncate,
+                                     dtype=request.long_dtype, folder=folder)
+        except LongUnsupported as why:
+            reason = str(why.message).rstrip(".")
+        tokens = self.token_count(request, text, pair)
+        size, parts = self._full_size(request, tokens)
+        limit = max_full_bytes()
+        name = request.spec.name
+        if size > limit:
+            raise UsageError(f"{name} cannot take the long path ({reason}), and a full capture "
+                             f"would need {size_text(size)} ({parts}), more than "
+                             f"{size_text(limit)} (${ENV_MAX_FULL_MB})",
+                             "shorten the input with --max-tokens N, keep fewer layers or "
+                             f"heads (--layers, --heads), or raise ${ENV_MAX_FULL_MB}")
+        self._note(f"{name} cannot take the long path ({reason}); the full capture fits "
+                   f"({size_text(size)}): using it")
+        if full is None:
+            return cast("_T", self._answer(request))
+        return full()
+
+    def dump_long(self, request: CaptureRequest, text: str, pair: str | None,
+                  path: Path | str, *, float16: bool = False
+                  ) -> tuple[Path, Capture | LongCapture]:
+        """``attnviz dump --long``: the long capture written into the folder ``path``, or the
+        full capture written as :meth:`~attnviz.session.Session.dump` does when the model
+        cannot take the long path (see :meth:`answer_long`)."""
+        from pathlib import Path
+
+        folder = Path(path)
+        self._check_long_folder(folder, float16)
+
+        def full() -> tuple[Path, Capture]:
+            written: tuple[Path, Capture] = self.dump(  # type: ignore[attr-defined]
+                text, path, pair, model=request.model, layers=request.layers,
+                heads=request.heads, max_tokens=request.max_tokens, truncate=request.truncate,
+                float16=float16, use_cache=request.use_cache)
+            return written
+
+        answer = self.answer_long(request, text, pair, folder=folder, full=full)
+        if isinstance(answer, tuple):
+            return answer
+        return folder, answer
+
+    def write_long(self, cap: LongCapture, path: Path | str, *, float16: bool = False
+                   ) -> tuple[Path, LongCapture]:
+        """Save a long capture read with ``--from`` into the folder ``path``."""
+        from pathlib import Path
+
+        folder = Path(path)
+        self._check_long_folder(folder, float16)
+        cap.save(folder)
+        return folder, cap
+
+    @staticmethod
+    def _check_long_folder(folder: Path, float16: bool) -> None:
+        if float16:
+            raise UsageError("--float16 rounds a full capture's weights; a long capture keeps "
+                             "queries and keys", "use --long-dtype float16 instead")
+        if folder.suffix.lower() == ".npy":
+            raise UsageError(f"-o {folder}: a long capture is written as a folder (queries, "
+                             "keys, log-sum-exp and a sidecar)",
+                             f"use -o {folder.with_suffix('')}/")
+
+    def capture_long(self, text: str, pair: str | None = None, *,
+                     model: str | ModelSpec | None = None, layers: Any = None,
+                     max_tokens: int | None = None, truncate: bool = True,
+                     dtype: str = "float32", folder: Path | str | None = None,
+                     **options: Any) -> LongCapture:
+        """The long capture of ``text``: each layer's queries, keys and log-sum-exp, from one
+        forward pass with the model's own attention kernel (:func:`attnviz.long.capture_long`).
+
+        Args:
+            text, pair, model, layers, max_tokens, truncate, **options: as in
+                :meth:`~attnviz.session.Session.capture` (every head of the kept layers is
+                kept).
+            dtype: how queries and keys are stored: float32, float16 or bfloat16.
+            folder: write the capture there (``attnviz dump --long``); ``None``: in memory.
+
+        Raises:
+            LongUnsupported: the model cannot take the long path (the toy model, an
+                encoder without a seam).
+            InputError: past the token limit with ``truncate`` off, or more than
+                :data:`MAX_LONG_TOKENS` tokens.
+        """
+        from attnviz.checks import _checked_request
+        from attnviz.long import LongUnsupported, capture_long
+        from attnviz.request import LONG_DTYPES
+        if dtype not in LONG_DTYPES:
+            raise UsageError(f"dtype must be one of {', '.join(LONG_DTYPES)}, not {dtype!r:.40}")
+        spec = self._spec(model, **options)
+        layer_text, _ = _checked_request(text, pair, layers, None, max_tokens)
+        from attnviz.models import TOY_MODEL
+
+        if spec.name == TOY_MODEL:
+            raise LongUnsupported("the toy model has no long path")
+        self.validate(spec, layers=layer_text)
+        source = self.source(spec)
+        encode = getattr(source, "encode", None)
+        model_object = getattr(source, "model", None)
+        if not callable(encode) or model_object is None:
+            raise LongUnsupported(f"{spec.name} is not a Hugging Face model")
+        enc, _ = encode(text, pair, max_tokens, truncate)  # past the limit: cut or refuse
+        tokens = int(enc["input_ids"].shape[1])
+        if tokens > MAX_LONG_TOKENS:
+            raise InputError(f"the text is {tokens} tokens long, more than the {MAX_LONG_TOKENS} "
+                             "a long capture takes", "shorten it with --max-tokens N")
+        from attnviz.selection import parse_selection
+
+        layer_list = (parse_selection(layer_text, source.num_layers, "layer")
+                      if layer_text else None)
+        with self._forward_lock(spec):
+            cap = capture_long(source, text, pair=pair, layers=layer_list,
+                               max_tokens=max_tokens, dtype=dtype, folder=folder)
+            self.forwards += 1
+        for message in cap.meta.get("warnings", []):
+            self._note(str(message))
+        return cap
+
+    # ------------------------------------------------------------------ reading
+    @staticmethod
+    def _saved_long(request: CaptureRequest) -> LongCapture:
+        """The long capture in ``request.from_path`` (``attnviz dump --long``), memory-mapped."""
+        from attnviz.long import load_long
+
+        if request.heads is not None:
+            raise UsageError("--heads does not apply to a long capture: it keeps every head of "
+                             "its layers", "leave out --heads")
+        cap = load_long(cast("Path", request.from_path), mmap=True)
+        if request.layers is not None:
+            from attnviz.selection import parse_selection
+
+            wanted = parse_selection(request.layers, cap.num_layers, "layer")
+            missing = [layer for layer in wanted if layer not in cap.layers]
+            if missing:
+                raise UsageError(f"layer {missing[0]} is not in this long capture (it holds "
+                                 f"layers {', '.join(map(str, cap.layers))})",
+                                 "choose one of those layers")
+        LongPath._check_indices(cap, request)
+        return cap
+
+    @staticmethod
+    def _check_indices(cap: Capture | LongCapture, request: CaptureRequest) -> None:
+        """Check the request's ``layer`` and ``head`` against a long capture (a full one
+        checks its own)."""
+        from attnviz.capture import Capture
+
+        if isinstance(cap, Capture):
+            return
+        if request.layer is not None:
+            long_layer(cap, request.layer)
+        if request.head is not None:
+            from attnviz.selection import resolve_index
+
+            resolve_index(request.head, cap.num_heads, "head")
+
+
+def long_layer(cap: LongCapture, layer: int) -> int:
+    """The model's layer index of ``layer`` (negative counts from the end), checked against
+    the layers the long capture holds.
+
+    Raises:
+        UsageError: out of range, or a layer the capture does not hold.
+    """
+    from attnviz.selection import resolve_index
+
+    index = resolve_index(layer, cap.num_layers, "layer")
+    if index not in cap.layers:
+        raise UsageError(f"layer {index} is not in this long capture (it holds layers "
+                         f"{', '.join(map(str, cap.layers))})",
+                         "choose one of those layers, or capture again with --layers")
+    return index
+
+
+def is_long_folder(path: Path | str) -> bool:
+    """Whether ``path`` is a folder that holds a long capture (``attnviz dump --long``)."""
+    from pathlib import Path
+
+    from attnviz.long.record import SIDECAR
+
+    folder = Path(path)
+    return folder.is_dir() and (folder / SIDECAR).is_file()

@@ -1,0 +1,344 @@
+"""The long-capture API of ``attnviz serve``: long captures stay on the server.
+
+A long capture (:mod:`attnviz.long`) holds each layer's queries, keys and log-sum-exp; the
+server keeps the last few it made and answers bounded questions about them, so no query or key
+crosses the wire. Every route takes a JSON body (``POST``, as the rest of the API)::
+
+    POST /api/long/plan      {text, pair?, model?, toy?, layers?, heads?, max_tokens?,
+                              truncate?, long?}  -> {"long": whether the long path answers}
+    POST /api/long/capture   {text, pair?, model?, layers?, max_tokens?, truncate?, dtype?}
+                             -> {"id", "model", "text", "pair", "tokens", "display_tokens",
+                                 "layers", "num_layers", "num_heads", "num_kv_heads",
+                                 "num_tokens", "causal", "window", "dtype", "warnings"}
+    POST /api/long/tile      {id, layer, head, q0, q1, k0, k1}
+                             -> {"shape": [rows, cols], "weights": base64 float32}
+    POST /api/long/atlas     {id, layer, head, block}  (head: index or "mean")
+                             -> {"block", "shape": [nb, nb], "sums", "maxes"} (base64 float32)
+    POST /api/long/topk      {id, layer, head, k, q0?, q1?}
+                             -> {"shape": [rows, k], "indices": [[...]], "values": base64}
+    POST /api/long/stats     {id, threshold?}
+                             -> {"layers", "stats": {name: [[layer][head]]}, "sinks": [T]}
+    POST /api/long/received  {id, layer, head}  -> {"received": base64 float64 [T]}
+
+``id`` names a capture made by ``/api/long/capture`` (the same request gives the same id while
+the capture is kept; a 404 says to capture again). Tiles, atlases and top-k answers are bounded
+by ``Limits.long_max_weights`` values. The zoomable view fetches atlas levels and tiles from
+here.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import threading
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BeforeValidator
+
+from attnviz.server.requests import (
+    ApiError,
+    Flag,
+    Layers,
+    ModelName,
+    OptionalFlag,
+    OptionalText,
+    Text,
+    ToyRequest,
+    _head,
+    _refuse,
+    _Request,
+    between,
+    chars,
+    one_of,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from attnviz.long import LongCapture
+    from attnviz.server.engine import Engine
+
+#: The storage types of a long capture (``--long-dtype``).
+DTYPES = ("float32", "float16", "bfloat16")
+_ID = Annotated[str, chars(64)]
+_Layer = Annotated[int, between(-(1 << 20), 1 << 20)]
+_Head = Annotated[int | str | list[int], BeforeValidator(_head)]
+_Pos = Annotated[int, between(0, 1 << 24)]
+_OptionalPos = Annotated[int | None, between(0, 1 << 24)]
+
+
+class LongPlanRequest(_Request):
+    """``/api/long/plan``: would this text take the long path (``long``: null decides)?"""
+
+    text: Text
+    pair: OptionalText = None
+    model: ModelName = None
+    toy: ToyRequest | None = None
+    max_tokens: Annotated[int | None, between(1, 1 << 30)] = None
+    layers: Layers = None
+    heads: Layers = None
+    truncate: Flag = True
+    long: OptionalFlag = None
+
+
+class LongCaptureRequest(_Request):
+    """``/api/long/capture``: the text to capture as queries, keys and log-sum-exp."""
+
+    text: Text
+    pair: OptionalText = None
+    model: ModelName = None
+    toy: ToyRequest | None = None
+    max_tokens: Annotated[int | None, between(1, 1 << 30)] = None
+    layers: Layers = None
+    truncate: Flag = True
+    dtype: Annotated[str, one_of(*DTYPES)] = "float32"
+
+
+class _OnCapture(_Request):
+    id: _ID
+
+
+class TileRequest(_OnCapture):
+    layer: _Layer
+    head: _Head
+    q0: _Pos
+    q1: _Pos
+    k0: _Pos
+    k1: _Pos
+
+
+class AtlasRequest(_OnCapture):
+    layer: _Layer
+    head: _Head
+    block: Annotated[int, between(16, 1 << 20)] = 64
+
+
+class LongTopkRequest(_OnCapture):
+    layer: _Layer
+    head: _Head
+    k: Annotated[int, between(1, 1024)] = 3
+    q0: Annotated[int, between(0, 1 << 24)] = 0
+    q1: _OptionalPos = None
+
+
+class StatsRequest(_OnCapture):
+    threshold: Annotated[float, BeforeValidator(_fraction)] = 0.3
+
+
+def _fraction(value: Any, info: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise _refuse("'threshold' must be a number between 0 and 1 (exclusive)")
+    return float(value)
+
+
+class ReceivedRequest(_OnCapture):
+    layer: _Layer
+    head: _Head
+
+
+# --------------------------------------------------------------------------- the store
+class LongStore:
+    """The long captures the server keeps (the last ``keep``), by id."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._captures: collections.OrderedDict[str, LongCapture] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> LongCapture:
+        with self._lock:
+            cap = self._captures.get(key)
+            if cap is None:
+                raise ApiError(404, f"no long capture {key[:64]!r} on this server (it keeps the "
+                                    f"last {self.keep})",
+                               "capture the text again with /api/long/capture")
+            self._captures.move_to_end(key)
+            return cap
+
+    def find(self, key: str) -> LongCapture | None:
+        with self._lock:
+            return self._captures.get(key)
+
+    def put(self, key: str, cap: LongCapture) -> None:
+        with self._lock:
+            self._captures[key] = cap
+            self._captures.move_to_end(key)
+            while len(self._captures) > self.keep:
+                _, old = self._captures.popitem(last=False)
+                old.close()
+
+    def close(self) -> None:
+        with self._lock:
+            for cap in self._captures.values():
+                cap.close()
+            self._captures.clear()
+
+
+def _b64(array: np.ndarray, dtype: str = "<f4") -> str:
+    import numpy as np
+
+    return base64.b64encode(np.ascontiguousarray(array, dtype=dtype).tobytes()).decode("ascii")
+
+
+def _head_value(head: int | str | list[int]) -> int | str:
+    if isinstance(head, list):
+        raise ApiError(422, "'head' must be one head or \"mean\" for a long capture")
+    return head
+
+
+def describe(key: str, cap: LongCapture) -> dict[str, Any]:
+    """What ``/api/long/capture`` answers: the capture's id, tokens and shape."""
+    return {"id": key, "model": cap.model, "text": cap.text, "pair": cap.pair,
+            "tokens": cap.tokens, "display_tokens": cap.display_tokens,
+            "word_ids": cap.word_ids, "special": cap.special, "layers": cap.layers,
+            "num_layers": cap.num_layers, "num_heads": cap.num_heads,
+            "num_kv_heads": cap.num_kv_heads, "num_tokens": cap.num_tokens,
+            "causal": cap.causal, "window": cap.window, "dtype": cap.dtype,
+            "warnings": [str(w) for w in cap.meta.get("warnings", [])]}
+
+
+def _check_weights(count: int, limit: int, what: str) -> None:
+    if count > limit:
+        raise ApiError(413, f"{what} holds {count:,} values; this server sends at most "
+                            f"{limit:,} in one answer", "ask for a smaller part")
+
+
+# --------------------------------------------------------------------------- the routes
+def long_routes(engine: Engine, run: Any, read: Any, endpoint: Any, to_json: Any
+                ) -> tuple[list[Route], LongStore]:
+    """The ``/api/long/...`` routes of :func:`attnviz.server.app.create_app`.
+
+    Args:
+        engine: the server's engine (session, limits, model names).
+        run: ``await run(key, work, spec)``: blocking work inside the model's queue and the
+            request timeout (the app's runner).
+        read: ``await read(request, model, limits)``: the JSON body as ``model``.
+        endpoint: the app's error wrapper for a handler.
+        to_json: a value as a JSON response.
+
+    Returns:
+        The routes, and the store of long captures (close it when the app stops).
+    """
+    import dataclasses
+
+    from starlette.routing import Route
+
+    from attnviz.request import CaptureRequest
+    from attnviz.session import spec_key
+
+    limits = engine.limits
+    store = LongStore(limits.long_keep)
+    # Long texts: the body and text bounds of the long routes.
+    long_limits = dataclasses.replace(
+        limits, max_chars=limits.long_max_chars,
+        max_body_bytes=max(limits.max_body_bytes, 4 * limits.long_max_chars + 65536))
+
+    def checked_tokens(max_tokens: int | None) -> int:
+        if max_tokens is not None and max_tokens > limits.long_max_tokens:
+            raise ApiError(422, f"'max_tokens' is {max_tokens}; this server takes at most "
+                                f"{limits.long_max_tokens} tokens in a long capture",
+                           "send a lower max_tokens, or start the server with a higher "
+                           "--long-max-tokens")
+        return limits.long_max_tokens if max_tokens is None else max_tokens
+
+    async def plan(request: Request) -> Response:
+        body = await read(request, LongPlanRequest, long_limits)
+        spec = engine.spec(body.model, body.toy)
+        capture_request = CaptureRequest(
+            text=body.text, pair=body.pair, model=spec, layers=body.layers, heads=body.heads,
+            max_tokens=body.max_tokens, truncate=body.truncate, long=body.long)
+
+        def work() -> dict[str, Any]:
+            return {"long": engine.session.wants_long(capture_request, body.text, body.pair)}
+
+        return to_json(await run(spec_key(spec), work, spec))
+
+    async def capture(request: Request) -> Response:
+        body = await read(request, LongCaptureRequest, long_limits)
+        spec = engine.spec(body.model, body.toy)
+        max_tokens = checked_tokens(body.max_tokens)
+        from attnviz.inputs import short_hash
+
+        key = short_hash(spec_key(spec), body.text, body.pair or "", body.layers or "",
+                         str(max_tokens), str(body.truncate), body.dtype, length=24)
+
+        def work() -> dict[str, Any]:
+            held = store.find(key)
+            if held is None:
+                held = engine.session.capture_long(
+                    body.text, body.pair, model=spec, layers=body.layers,
+                    max_tokens=max_tokens, truncate=body.truncate, dtype=body.dtype)
+                store.put(key, held)
+            return describe(key, held)
+
+        return to_json(await run(spec_key(spec), work, spec))
+
+    async def tile(request: Request) -> Response:
+        body = await read(request, TileRequest, limits)
+        cap = store.get(body.id)
+        _check_weights(max(0, body.q1 - body.q0) * max(0, body.k1 - body.k0),
+                       limits.long_max_weights, "the tile")
+
+        def work() -> dict[str, Any]:
+            weights = cap.tile(body.layer, _head_value(body.head), body.q0, body.q1, body.k0,
+                               body.k1)
+            return {"shape": list(weights.shape), "weights": _b64(weights)}
+
+        return to_json(await run("long", work))
+
+    async def atlas(request: Request) -> Response:
+        body = await read(request, AtlasRequest, limits)
+        cap = store.get(body.id)
+        blocks = -(-cap.num_tokens // body.block)
+        _check_weights(2 * blocks * blocks, limits.long_max_weights, "the atlas")
+
+        def work() -> dict[str, Any]:
+            sums, maxes = cap.atlas(body.layer, _head_value(body.head), body.block)
+            return {"block": body.block, "shape": list(sums.shape), "sums": _b64(sums),
+                    "maxes": _b64(maxes)}
+
+        return to_json(await run("long", work))
+
+    async def topk(request: Request) -> Response:
+        body = await read(request, LongTopkRequest, limits)
+        cap = store.get(body.id)
+        q1 = cap.num_tokens if body.q1 is None else body.q1
+        _check_weights(max(0, q1 - body.q0) * body.k, limits.long_max_weights, "the top-k")
+
+        def work() -> dict[str, Any]:
+            indices, values = cap.topk(body.layer, _head_value(body.head), body.k, body.q0, q1)
+            return {"shape": list(values.shape), "indices": indices.tolist(),
+                    "values": _b64(values)}
+
+        return to_json(await run("long", work))
+
+    async def stats(request: Request) -> Response:
+        body = await read(request, StatsRequest, limits)
+        cap = store.get(body.id)
+
+        def work() -> dict[str, Any]:
+            means = cap.head_stats()
+            return {"layers": cap.layers,
+                    "stats": {name: values.tolist() for name, values in means.items()},
+                    "sinks": cap.sinks(body.threshold).tolist(), "threshold": body.threshold}
+
+        return to_json(await run("long", work))
+
+    async def received(request: Request) -> Response:
+        body = await read(request, ReceivedRequest, limits)
+        cap = store.get(body.id)
+
+        def work() -> dict[str, Any]:
+            return {"received": _b64(cap.received(body.layer, _head_value(body.head)),
+                                     "<f8")}
+
+        return to_json(await run("long", work))
+
+    routes = [Route(f"/api/long/{name}", endpoint(handler), methods=["POST"])
+              for name, handler in (("plan", plan), ("capture", capture), ("tile", tile),
+                                    ("atlas", atlas), ("topk", topk), ("stats", stats),
+                                    ("received", received))]
+    return routes, store
