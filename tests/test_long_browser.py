@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests._browser import watch
-from tests.long_fixtures import build_tiny_llama, long_text
+from tests.long_fixtures import build_tiny_llama, capture_tiny_llama
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +34,8 @@ MARGIN_LEFT, MARGIN_TOP = 110, 86  # long.js: where the map starts on its canvas
 
 @pytest.fixture(scope="module")
 def long_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from attnviz.long import capture_long
-
     model = build_tiny_llama(tmp_path_factory.mktemp("tiny-llama-16k"), positions=TOKENS)
-    folder = tmp_path_factory.mktemp("long16k") / "capture"
-    capture_long(model, long_text(TOKENS + 16), max_tokens=TOKENS, folder=folder)
-    return folder
+    return capture_tiny_llama(model, TOKENS, tmp_path_factory.mktemp("long16k") / "capture")
 
 
 def _read_lines(stream: Any, lines: queue.Queue[str], keep: list[str]) -> None:
@@ -166,11 +162,21 @@ def test_zoom_from_the_whole_context_to_exact_token_weights(browser: Any, server
         view = page.evaluate("window.attnvizLong.view()")
         assert view["x0"] <= 12345 < view["x0"] + view["span"]
         assert view["y0"] <= 12345 < view["y0"] + view["span"]
-        page.fill("#long-query", "queens ships")
+        assert page.evaluate("document.getElementById('long-found').dataset.position") == "12345"
+        tokens = [t.lower() for t in cap.display_tokens]
+        needle = f"{tokens[9000]} {tokens[9001]} {tokens[9002]}"
+        joined, starts = "", []
+        for i, t in enumerate(tokens):  # the rule the page states: across token boundaries
+            joined += t.replace(" ", "")
+            starts += [i] * len(t.replace(" ", ""))
+        expected = starts[joined.index(needle.replace(" ", ""))]
+        assert expected <= 9000
+        page.fill("#long-query", needle.upper())
         page.click("#long-find button")
-        found = page.locator("#long-found").text_content() or ""
-        at = int(found.split()[1])
-        assert cap.display_tokens[at] == "queens" and cap.display_tokens[at + 1] == "ships"
+        found = int(page.evaluate("document.getElementById('long-found').dataset.position"))
+        assert found == expected
+        view = page.evaluate("window.attnvizLong.view()")
+        assert view["x0"] <= found < view["x0"] + view["span"]
         _wait(page, "document.getElementById('long-level').dataset.level === 'exact'")
     finally:
         context.close()

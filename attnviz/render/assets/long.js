@@ -467,6 +467,7 @@
       at = state.joined.starts[hit];
     }
     note.textContent = `token ${token(at)}`;
+    note.dataset.position = String(at);
     state.mark = at;
     const span = Math.min(meta.num_tokens, 48);
     setView({ x0: at - span / 2, y0: at - span / 2, span });
