@@ -182,3 +182,45 @@ def test_zoom_from_the_whole_context_to_exact_token_weights(browser: Any, server
         context.close()
     assert outside == [], "the page reached beyond the server"
     assert errors == []
+
+
+def test_the_offline_report_zooms_through_its_atlas_levels(browser: Any, tmp_path: Path
+                                                           ) -> None:
+    from attnviz.long import load_long
+    from attnviz.render.long_html import write_long_report
+
+    model = build_tiny_llama(tmp_path / "llama", positions=1024)
+    cap = load_long(capture_tiny_llama(model, 1000, tmp_path / "capture"))
+    path = write_long_report(cap, tmp_path / "report.html", max_cells=20_000)
+    # 2 x 2 layers x 5 (4 heads and the mean) = 20 n^2 cells a level: 4^2, 8^2, 16^2 and
+    # 32^2 (block 32) make 20 x 1,360 = 27,200 > 20,000, so the finest level kept is 64
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    outside: list[str] = []
+    errors: list[str] = []
+    watch(context, page, [path.resolve().as_uri()], outside, errors, requests=True)
+    try:
+        page.goto(path.resolve().as_uri())
+        _wait(page, "document.documentElement.dataset.longReady === '1'", 60)
+        _wait(page, "document.getElementById('long-level').dataset.level === 'atlas'", 60)
+        # 1,000 tokens on 630 px: the finest level at least a pixel is 64 (16 would be finer
+        # than the report holds)
+        assert page.evaluate("document.getElementById('long-level').dataset.block") == "64"
+        for _ in range(4):
+            page.click("#long-zoom-in")
+        _wait(page, "document.getElementById('long-level').dataset.level === 'atlas'", 60)
+        assert page.evaluate("document.getElementById('long-level').dataset.block") == "64"
+        box = page.locator("#long-canvas").bounding_box()
+        page.mouse.move(box["x"] + MARGIN_LEFT + 200.5, box["y"] + MARGIN_TOP + 400.5)
+        shown = _readout(page)
+        assert shown["kind"] == "atlas" and shown["block"] == "64"
+        sums, maxes = cap.atlas(0, 0, 64)
+        row, col = int(shown["row"]), int(shown["col"])
+        assert float(shown["sum"]) == pytest.approx(float(sums[row, col]), rel=1e-5, abs=1e-6)
+        assert float(shown["max"]) == pytest.approx(float(maxes[row, col]), rel=1e-6,
+                                                    abs=1e-7)
+        texts = page.locator("#long-stats").inner_text()
+        assert all(name in texts for name in cap.head_stats())
+    finally:
+        context.close()
+    assert outside == [] and errors == []
