@@ -67,6 +67,26 @@ def asset(name: str) -> str:
         encoding="utf-8")
 
 
+def long_body(title: str) -> str:
+    """The view's markup (``long_body.html``: controls, canvas, panels), ``title`` escaped."""
+    return Template(asset("long_body.html")).substitute(title=html.escape(title))
+
+
+def long_page(*, title: str, generator: str, source: str, style: str, data: str, script: str,
+              csp: str = "") -> str:
+    """A whole page of the view (``long.html``); the pieces are HTML, inserted as they are."""
+    return Template(asset("long.html")).substitute(
+        csp=csp, generator=html.escape(generator), title=html.escape(title), source=source,
+        style=style, body=long_body(title), data=data, script=script)
+
+
+def long_module() -> str:
+    """``long.js`` as an ES module exporting ``mount`` and ``offlineSource`` (the notebook
+    widget mounts it in a shadow root holding :func:`long_body` and ``long.css``)."""
+    return (asset("long.js") + "\nexport { attnvizLongMount as mount, "
+            "attnvizLongOfflineSource as offlineSource };\n")
+
+
 @functools.lru_cache(maxsize=1)
 def palette_hex() -> str:
     """Viridis as 256 RGB hex triples: the table ``report.js`` paints with (one source)."""
@@ -244,10 +264,9 @@ def render_long_html(data: dict[str, Any]) -> str:
     csp = ("default-src 'none'; "
            f"script-src '{_sha256(script)}'; style-src '{_sha256(style)}'; "
            "img-src data: blob:; base-uri 'none'; form-action 'none'")
-    return Template(asset("long.html")).substitute(
+    return long_page(
         csp=f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
-        generator=html.escape(str(data["generator"])),
-        title=html.escape(str(data["title"])), source="offline",
+        generator=str(data["generator"]), title=str(data["title"]), source="offline",
         style=f"<style>{style}</style>",
         data=f'<script type="application/json" id="attnviz-long-data">'
              f"{_script_json(data)}</script>",

@@ -321,15 +321,12 @@ def _float32(values: np.ndarray, shape: Any) -> Response:
 
 def long_page() -> str:
     """The page ``/long``: long.html with its script and style by address."""
-    from string import Template
-
     from attnviz._version import __version__
-    from attnviz.render.long_html import asset
+    from attnviz.render.long_html import long_page as page
 
-    return Template(asset("long.html")).substitute(
-        csp="", generator=f"attnviz {__version__}", title="attnviz long context",
-        source="server", style='<link rel="stylesheet" href="/assets/long.css">', data="",
-        script='<script src="/assets/long.js"></script>')
+    return page(generator=f"attnviz {__version__}", title="attnviz long context",
+                source="server", style='<link rel="stylesheet" href="/assets/long.css">',
+                data="", script='<script src="/assets/long.js"></script>')
 
 
 def _check_weights(count: int, limit: int, what: str) -> None:

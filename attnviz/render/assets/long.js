@@ -14,42 +14,17 @@
  * the exact weights of the visible tokens (and a margin) are fetched. Token text is drawn
  * with fillText or set with textContent, never parsed as HTML.
  *
- * window.attnvizLong = {ready (a promise), view(), setView({x0, y0, span}), find(text),
- * select({layer, head})} lets tests and users drive the view; #long-readout carries the
- * hovered cell's values in data attributes (data-kind "exact": data-q, data-k, data-value;
+ *   - the notebook widget (attnviz.notebook_long): the same requests go to the kernel as the
+ *     widget's custom messages (html.long_module() exports attnvizLongMount for it).
+ * attnvizLongMount(root, source, host) draws into `root` (a document or a shadow root holding
+ * the markup of long_body.html) and returns {ready (a promise), view(), setView({x0, y0,
+ * span}), find(text), select({layer, head}), level()}; the page sets it as window.attnvizLong.
+ * `host` gets data-long-ready="1" once the first level is asked for. #long-readout carries
+ * the hovered cell's values in data attributes (data-kind "exact": data-q, data-k, data-value;
  * "atlas": data-block, data-row, data-col, data-sum, data-max).
  */
-(function () {
+function attnvizLongServerSource() {
   "use strict";
-  const MARGIN_LEFT = 110;
-  const MARGIN_TOP = 86;
-  const LABEL_PX = 11; // a token row must be this many pixels high for its label
-  const MIN_SPAN = 4; // tokens across at the deepest zoom
-  const GAMMA = 0.5; // the command line's default power colour scale
-  const MASKED = [232, 233, 236];
-  const MAX_TILES = 12;
-  const TILE_SIDE = 512; // rows and columns of a fetched tile, at most
-
-  const $ = (id) => document.getElementById(id);
-  const canvas = $("long-canvas");
-  const ctx = canvas.getContext("2d");
-  const readout = $("long-readout");
-  const levelNote = $("long-level");
-  const sourceKind = document.body.dataset.longSource || "server";
-
-  const state = {
-    meta: null, stats: null, layer: 0, head: 0, metric: "max", view: { x0: 0, y0: 0, span: 1 },
-    drawn: null, mark: null, grids: new Map(), pending: new Map(), tiles: [], palette: null,
-    lastFind: { text: "", at: -1 },
-  };
-
-  function fail(error) {
-    const box = $("long-error");
-    box.textContent = String(error && error.message ? error.message : error);
-    box.hidden = false;
-  }
-
-  // ------------------------------------------------------------------ sources
   async function apiError(response) {
     try {
       const body = await response.json();
@@ -78,7 +53,7 @@
     return response.json();
   }
 
-  const serverSource = {
+  return {
     exact: true,
     id: null,
     async info() {
@@ -105,7 +80,10 @@
                         top: order.map((p) => ({ position: p[1], fraction: p[0] })) } };
     },
   };
+}
 
+function attnvizLongOfflineSource(data) {
+  "use strict";
   async function inflate(text) {
     const bytes = Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
     if (typeof DecompressionStream === "undefined") {
@@ -116,7 +94,7 @@
     return new Float32Array(await new Response(stream).arrayBuffer());
   }
 
-  function offlineSource(data) {
+  function offline(data) {
     return {
       exact: false,
       async info() { return data; },
@@ -133,10 +111,37 @@
       async stats() { return { stats: data.stats, sinks: data.sinks }; },
     };
   }
+  return offline(data);
+}
 
-  const source = sourceKind === "offline"
-    ? offlineSource(JSON.parse($("attnviz-long-data").textContent))
-    : serverSource;
+function attnvizLongMount(root, source, host) {
+  "use strict";
+  const MARGIN_LEFT = 110;
+  const MARGIN_TOP = 86;
+  const LABEL_PX = 11; // a token row must be this many pixels high for its label
+  const MIN_SPAN = 4; // tokens across at the deepest zoom
+  const GAMMA = 0.5; // the command line's default power colour scale
+  const MASKED = [232, 233, 236];
+  const MAX_TILES = 12;
+  const TILE_SIDE = 512; // rows and columns of a fetched tile, at most
+
+  const $ = (id) => root.getElementById(id);
+  const canvas = $("long-canvas");
+  const ctx = canvas.getContext("2d");
+  const readout = $("long-readout");
+  const levelNote = $("long-level");
+
+  const state = {
+    meta: null, stats: null, layer: 0, head: 0, metric: "max", view: { x0: 0, y0: 0, span: 1 },
+    drawn: null, mark: null, grids: new Map(), pending: new Map(), tiles: [], palette: null,
+    lastFind: { text: "", at: -1 },
+  };
+
+  function fail(error) {
+    const box = $("long-error");
+    box.textContent = String(error && error.message ? error.message : error);
+    box.hidden = false;
+  }
 
   // ------------------------------------------------------------------ view geometry
   function plotSize() {
@@ -607,7 +612,7 @@
     state.layer = meta.layers[0];
     state.view = clampView({ x0: 0, y0: 0, span: meta.num_tokens });
     select({ layer: state.layer, head: 0 });
-    document.documentElement.dataset.longReady = "1";
+    host.dataset.longReady = "1";
     source.stats().then((found) => {
       state.stats = found;
       fillStats();
@@ -616,7 +621,7 @@
   }
 
   const ready = start().catch(fail);
-  window.attnvizLong = {
+  return {
     ready,
     view: () => Object.assign({}, state.view),
     setView,
@@ -624,4 +629,14 @@
     select,
     level: () => (state.drawn ? { kind: state.drawn.kind, block: state.drawn.block } : null),
   };
-})();
+}
+
+// The page (attnviz serve's /long, or an offline report) mounts itself; a module importer
+// (the notebook widget) calls attnvizLongMount with its own source.
+if (typeof document !== "undefined" && document.body && document.body.dataset.longSource) {
+  const kind = document.body.dataset.longSource;
+  const source = kind === "offline"
+    ? attnvizLongOfflineSource(JSON.parse(document.getElementById("attnviz-long-data").textContent))
+    : attnvizLongServerSource();
+  window.attnvizLong = attnvizLongMount(document, source, document.documentElement);
+}
