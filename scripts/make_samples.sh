@@ -60,6 +60,9 @@ attnviz compare "The bank of the river" "The bank approved the loan" --words --l
 attnviz explain "The cat sat on the mat" --token cat --format json > "$out/.tmp/explain.json"
 COLUMNS=100 attnviz explain "The cat sat on the mat" --token cat > "$out/explain_cat.txt"
 
+# Long inputs: the atlas of one head of a tiny random-weight Llama (GQA) over 8,000 tokens.
+python scripts/tiny_llama.py "$out/.tmp/llama" && (cd "$out/.tmp" && attnviz heatmap - --model llama --long --layer 1 --head 0 -o ../long_atlas.png < llama/text.txt >/dev/null)
+
 # Interactive HTML report and the inline notebook views: screenshots (need Chromium; skipped
 # without it).
 attnviz html "$W" -o "$out/.tmp/report.html" >/dev/null

@@ -7,9 +7,8 @@ The commands in :mod:`attnviz.cli.core` and :mod:`attnviz.cli.heads` hand a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from attnviz.errors import UsageError
 
@@ -18,8 +17,6 @@ if TYPE_CHECKING:
     from attnviz.long import LongCapture
     from attnviz.render.heatmap import FigureOptions
 
-#: The most attention sinks ``heads`` lists.
-MAX_SINKS = 10
 #: The most keys per query ``top-k`` lists from a long capture.
 MAX_LONG_K = 100
 
@@ -120,24 +117,12 @@ def check_k(k: int) -> None:
 
 def topk_rows(cap: LongCapture, layer: int, head: int | str, k: int
               ) -> tuple[list[dict[str, object]], int, int | str]:
-    """Rows as :func:`attnviz.analysis.topk.topk_rows` makes them (``query_index``,
-    ``query``, ``top``: ``key_index``, ``key``, ``weight``), from the long capture's exact
-    top-k; keys a causal query cannot see are never listed. Returns the rows, the layer and
-    the head as resolved."""
-    import numpy as np
+    """:func:`attnviz.analysis.long.topk_rows` of a layer and head as the user gave them
+    (negative counts from the end); returns the rows, the layer and the head as resolved."""
+    from attnviz.analysis.long import topk_rows as rows_of
 
     index, which = _layer(cap, layer), _head(cap, head)
-    k = min(k, cap.num_tokens)
-    indices, values = cap.topk(index, which, k)  # -1: a key the query cannot see
-    indices, values = np.asarray(indices), np.asarray(values, dtype=np.float32)
-    tokens = list(cap.display_tokens)
-    rows: list[dict[str, object]] = []
-    for query in range(indices.shape[0]):
-        top = [{"key_index": int(j), "key": tokens[int(j)], "weight": round(float(w), 6)}
-               for j, w in zip(indices[query], values[query])
-               if 0 <= int(j) < len(tokens) and not (cap.causal and int(j) > query)]
-        rows.append({"query_index": query, "query": tokens[query], "top": top})
-    return rows, index, which
+    return rows_of(cap, index, which, k), index, which
 
 
 def topk_title(cap: LongCapture, layer: int, head: int | str, k: int) -> str:
@@ -147,55 +132,3 @@ def topk_title(cap: LongCapture, layer: int, head: int | str, k: int) -> str:
     return f"{cap.model}: layer {layer}, {named} ({notes}), top {k}"
 
 
-# --------------------------------------------------------------------------- heads
-def head_table(cap: LongCapture, threshold: float = 0.3) -> dict[str, Any]:
-    """Every captured head's statistics (:meth:`LongCapture.head_stats`) and the
-    attention-sink metric, as rows for a table."""
-    import numpy as np
-
-    stats = {name: np.asarray(values, dtype=np.float64)
-             for name, values in cap.head_stats().items()}
-    names = list(stats)
-    rows = []
-    for li, layer in enumerate(cap.layers):
-        for head in range(cap.num_heads):
-            row: dict[str, Any] = {"layer": int(layer), "head": head}
-            row.update({name: float(stats[name][li, head]) for name in names})
-            rows.append(row)
-    fractions = np.asarray(cap.sinks(threshold), dtype=np.float64)
-    order = [int(j) for j in np.argsort(-fractions, kind="stable")[:MAX_SINKS]
-             if fractions[j] > 0]
-    sinks = [{"index": j, "token": cap.display_tokens[j], "fraction": float(fractions[j])}
-             for j in order]
-    return {"title": f"{cap.model}: head statistics of a long capture ({cap.num_tokens} "
-                     f"tokens{', causal' if cap.causal else ''})",
-            "stats": names, "rows": rows, "sinks": sinks, "threshold": threshold}
-
-
-def format_head_table(table: dict[str, Any], fmt: str) -> str:
-    """The table as csv, json or markdown text."""
-    names: list[str] = table["stats"]
-    if fmt == "json":
-        return json.dumps(table, ensure_ascii=False, indent=1) + "\n"
-    cells = [[row["layer"], row["head"], *[f"{row[n]:.6f}" for n in names]]
-             for row in table["rows"]]
-    if fmt == "csv":
-        from attnviz.csvtext import csv_text
-
-        return csv_text(["layer", "head", *names], cells)
-    lines = [f"**{table['title']}**", "", "| L | H | " + " | ".join(names) + " |",
-             "|---|---|" + "---|" * len(names)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in cells]
-    return "\n".join(lines) + "\n" + sink_note(table) + "\n"
-
-
-def sink_note(table: dict[str, Any]) -> str:
-    """One line on the attention sinks (Gu et al., 2024): the tokens whose mean attention in
-    a head is above the threshold, with the share of heads where it is."""
-    sinks = table["sinks"]
-    if not sinks:
-        return (f"Attention sinks: no token draws a mean weight above {table['threshold']} in "
-                "any head")
-    listed = ", ".join(f"{s['index']}:{s['token']} ({s['fraction']:.0%} of heads)"
-                       for s in sinks)
-    return f"Attention sinks (mean weight above {table['threshold']}): {listed}"

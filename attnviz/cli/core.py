@@ -141,7 +141,7 @@ def heatmap(
     window of one head is drawn exactly; without one, the figures show the atlas (the largest
     weight of each block of tokens; the title gives the block size).
 
-      attnviz heatmap - --model ./llama --long --layer 2 --head 3 --tokens 8000:8064 < book.txt
+      cat book.txt | attnviz heatmap - --model ./llama --long -l 2 --head 3 --tokens 8000:8064
     """
     head_choice = _parse_head(head)
     if head_choice is not None and layer is None:
@@ -282,7 +282,7 @@ def top_k_command(
 
       attnviz top-k "The cat sat on the mat" -l 0 --head mean -k 2 --format csv
 
-      attnviz top-k - --model ./llama --long -l 2 --head 3 -f csv -o top.csv < book.txt
+      cat book.txt | attnviz top-k - --model ./llama --long -l 2 --head 3 -f csv -o top.csv
     """
     import attnviz.cli._long as _long
 
@@ -363,7 +363,7 @@ def dump(
     capture: a folder of queries, keys and log-sum-exp per layer (q_000.npy, k_000.npy,
     lse_000.npy) and its sidecar long.json; heatmap, top-k and heads read it back with --from.
 
-      attnviz dump - --model ./llama --long --long-dtype bfloat16 -o book/ < book.txt
+      cat book.txt | attnviz dump - --model ./llama --long --long-dtype bfloat16 -o book/
     """
     request = options.request(layers=layers, heads=heads, long_path=True)
     if out.suffix.lower() in _NOT_A_CAPTURE and not out.exists():

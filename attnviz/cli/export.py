@@ -323,6 +323,13 @@ def export(
       attnviz export --input texts.txt --batch-size 16 --html -o figs/
 
       attnviz export --input texts.txt --engine ray --workers 4 -o /shared/figs/
+
+    With --long (inputs of 8k-100k+ tokens): each folder gets the atlas figures
+    (overview, layers/), topk.csv, heads.csv (each head's statistics) and sinks.json,
+    computed from the long capture in streamed passes. Without --long, export keeps
+    every weight of every text.
+
+      attnviz export --input books.txt --model ./llama --long -o long-figs/
     """
     from attnviz.export import ExportOptions, export_items, read_input
 
@@ -351,7 +358,30 @@ def export(
                             batch_size=batch_size, html=html, scale=scale.value, gamma=gamma,
                             vmax=parse_vmax(vmax), tokens=tokens, queries=queries, keys=keys)
     plan.check()
-    request = options.model_request(layers=_all_is_none(layers), heads=_all_is_none(heads))
+    request = options.model_request(layers=_all_is_none(layers), heads=_all_is_none(heads),
+                                    long_path=True)
+    if request.long:  # long inputs: atlas figures, top-k and statistics per text
+        if ray is not None:
+            raise UsageError("--long exports run here, text by text",
+                             "leave out --engine ray with --long")
+        from attnviz.export.long import export_long
+
+        if text_list or input_file is not None:
+            session().check(request)
+        lines = read_input(input_file) if input_file is not None else None
+        shown = _progress(None)
+        shown.start(None)
+        try:
+            summary = export_long(_items(text_list, dump_list, lines), out, plan,
+                                  request=request, session=session(), progress=shown)
+        finally:
+            stop = getattr(shown, "stop", None)
+            if stop is not None:
+                stop()
+        _report(summary)
+        if summary.failed:
+            raise typer.Exit(1)
+        return
     if text_list or input_file is not None:  # texts run the model: check it first, from its
         # config, so --layers 9 on a 6-layer model fails before the weights load
         session().check(request)

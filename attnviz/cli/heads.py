@@ -131,7 +131,7 @@ HEADS_HELP = "\n\n".join([
     "Long inputs (--long, or by itself when every weight would not fit): the statistics the "
     "long capture streams per head, and the attention sinks (Gu et al.: tokens whose mean "
     "attention in a head exceeds 0.3).",
-    "  attnviz heads - --model ./llama --long -f csv -o heads.csv < book.txt",
+    "  cat book.txt | attnviz heads - --model ./llama --long -f csv -o heads.csv",
 ])
 
 
@@ -310,13 +310,14 @@ def _long_heads(cap: LongCapture, *, fmt: TableFormat | None, out: Path | None,
                 plot: Path | None, words: bool, exclude_special: bool) -> None:
     """``heads`` of a long capture: each head's streamed statistics and the attention sinks."""
     import attnviz.cli._long as _long
+    from attnviz.analysis.long import format_head_table, head_table, sink_note
 
     _long.check_view(words=words, exclude_special=exclude_special)
     if plot is not None:
         raise UsageError("--plot draws the statistics of a full capture",
                          "leave out --plot with a long input; --format csv has every "
                          "statistic")
-    table = _long.head_table(cap)
+    table = head_table(cap)
     fmt = fmt or TableFormat.table
     if fmt is TableFormat.table and out is None:
         from rich import box
@@ -334,9 +335,9 @@ def _long_heads(cap: LongCapture, *, fmt: TableFormat | None, out: Path | None,
         from attnviz.cli._analysis_common import print_wide
 
         print_wide(grid)
-        stdout.print(escape(_long.sink_note(table)), highlight=False)
+        stdout.print(escape(sink_note(table)), highlight=False)
         return
-    _write_or_print(_long.format_head_table(
+    _write_or_print(format_head_table(
         table, "markdown" if fmt is TableFormat.table else fmt.value), out)
 
 

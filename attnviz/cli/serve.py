@@ -179,6 +179,10 @@ def serve_command(
         "--max-tokens", min=1, max=1_000_000, rich_help_panel=SERVER_PANEL,
         help="Most tokens per text (longer texts are cut, with a warning, or refused with "
              "truncate=false).")] = 512,
+    long_max_tokens: Annotated[int, typer.Option(
+        "--long-max-tokens", min=1, max=1 << 20, rich_help_panel=SERVER_PANEL,
+        help="Most tokens of a long capture (/api/long/capture, --long of a client); the "
+             "server keeps its last 4.")] = 131072,
     max_chars: Annotated[int, typer.Option(
         "--max-chars", min=1, max=10_000_000, rich_help_panel=SERVER_PANEL,
         help="Most characters of text plus pair per request.")] = 20_000,
@@ -199,7 +203,8 @@ def serve_command(
 
     # A character takes up to 6 bytes in JSON (\uXXXX escapes): room for text and pair.
     limits = Limits(max_body_bytes=max(256 * 1024, 12 * max_chars + 16 * 1024),
-                    max_chars=max_chars, max_tokens=max_tokens, queue=queue, timeout_s=timeout)
+                    max_chars=max_chars, max_tokens=max_tokens, queue=queue, timeout_s=timeout,
+                    long_max_tokens=long_max_tokens)
     limits.check()
     local = _is_loopback(host)
     token = None

@@ -125,6 +125,11 @@ def atlas_head_figure(cap: LongCapture, layer: int, head: int | str, *,
                                 title=title, cmap=options.cmap, annot=False,
                                 scale=options.colour_scale(), dpi=options.dpi,
                                 label=f"attention weight ({_what(head)} of a block)")
+    for label in artists.ax.texts:  # the axis notes name blocks, not tokens
+        text = label.get_text()
+        if text.startswith(("key (attended to)", "query (attending)")):
+            label.set_text(text.replace(" token labelled", " block labelled")
+                           .replace(" tokens in ", " blocks in "))
     return artists.fig, block
 
 

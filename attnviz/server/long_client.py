@@ -53,6 +53,7 @@ class RemoteLongCapture(LongCapture):
         # LongCapture.__init__ opens a folder; this one reads the server's answer instead.
         self._session = session
         self.id = str(info["id"])
+        self.part_values = max(1, min(PART_VALUES, int(info.get("max_weights", PART_VALUES))))
         self.model = str(info["model"])
         self.text = str(info["text"])
         self.pair = info.get("pair")
@@ -79,11 +80,11 @@ class RemoteLongCapture(LongCapture):
 
     def tile(self, layer: int, head: int | str, q0: int, q1: int, k0: int, k1: int
              ) -> np.ndarray:
-        """Exact weights ``A[q0:q1, k0:k1]`` (``[rows, keys]`` float32), in parts of at most
-        :data:`PART_VALUES` values."""
+        """Exact weights ``A[q0:q1, k0:k1]`` (``[rows, keys]`` float32), in parts the server
+        sends (at most :data:`PART_VALUES` values, or its own bound)."""
         import numpy as np
 
-        step = max(1, PART_VALUES // max(1, k1 - k0))
+        step = max(1, self.part_values // max(1, k1 - k0))
         parts = []
         for start in range(q0, q1, step):
             stop = min(q1, start + step)
@@ -102,7 +103,7 @@ class RemoteLongCapture(LongCapture):
         import numpy as np
 
         q1 = self.num_tokens if q1 is None else q1
-        step = max(1, PART_VALUES // max(1, k))
+        step = max(1, self.part_values // max(1, k))
         indices, values = [], []
         for start in range(q0, q1, step):
             stop = min(q1, start + step)

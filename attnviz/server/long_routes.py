@@ -9,7 +9,8 @@ crosses the wire. Every route takes a JSON body (``POST``, as the rest of the AP
     POST /api/long/capture   {text, pair?, model?, layers?, max_tokens?, truncate?, dtype?}
                              -> {"id", "model", "text", "pair", "tokens", "display_tokens",
                                  "layers", "num_layers", "num_heads", "num_kv_heads",
-                                 "num_tokens", "causal", "window", "dtype", "warnings"}
+                                 "num_tokens", "causal", "window", "dtype", "warnings",
+                                 "max_weights"}
     POST /api/long/view      {id?} -> what /api/long/capture answers, plus the atlas levels,
                              the tile bound and the palette the zoomable view draws with
                              (no id: the capture the server was started with, --long-from)
@@ -285,10 +286,11 @@ def _head_value(head: int | str | list[int]) -> int | str:
     return head
 
 
-def describe(key: str, cap: LongCapture) -> dict[str, Any]:
-    """What ``/api/long/capture`` answers: the capture's id, tokens and shape."""
-    return {"id": key, "model": cap.model, "text": cap.text, "pair": cap.pair,
-            "tokens": cap.tokens, "display_tokens": cap.display_tokens,
+def describe(key: str, cap: LongCapture, max_weights: int) -> dict[str, Any]:
+    """What ``/api/long/capture`` answers: the capture's id, tokens and shape, and the most
+    values one answer about it holds."""
+    return {"id": key, "max_weights": max_weights, "model": cap.model, "text": cap.text,
+            "pair": cap.pair, "tokens": cap.tokens, "display_tokens": cap.display_tokens,
             "word_ids": cap.word_ids, "special": cap.special, "layers": cap.layers,
             "num_layers": cap.num_layers, "num_heads": cap.num_heads,
             "num_kv_heads": cap.num_kv_heads, "num_tokens": cap.num_tokens,
@@ -300,7 +302,7 @@ def view_payload(key: str, cap: LongCapture, max_values: int) -> dict[str, Any]:
     """``/api/long/view``: :func:`describe` plus what the zoomable view draws with."""
     from attnviz.render.long_html import atlas_blocks, palette_hex
 
-    payload = describe(key, cap)
+    payload = describe(key, cap, max_values)
     blocks = [b for b in atlas_blocks(cap.num_tokens)
               if 2 * (-(-cap.num_tokens // b)) ** 2 <= max_values]
     payload.update(atlas={"blocks": blocks or [atlas_blocks(cap.num_tokens)[-1]],
@@ -360,10 +362,11 @@ def long_routes(engine: Engine, run: Any, read: Any, endpoint: Any, to_json: Any
 
     limits = engine.limits
     store = LongStore(limits.long_keep)
-    # Long texts: the body and text bounds of the long routes.
+    # Long texts: the body and text bounds of the long routes (a character takes up to 12
+    # bytes of JSON as a surrogate pair of \uXXXX escapes).
     long_limits = dataclasses.replace(
         limits, max_chars=limits.long_max_chars,
-        max_body_bytes=max(limits.max_body_bytes, 4 * limits.long_max_chars + 65536))
+        max_body_bytes=max(limits.max_body_bytes, 12 * limits.long_max_chars + 65536))
 
     def checked_tokens(max_tokens: int | None) -> int:
         if max_tokens is not None and max_tokens > limits.long_max_tokens:
@@ -401,7 +404,7 @@ def long_routes(engine: Engine, run: Any, read: Any, endpoint: Any, to_json: Any
                     body.text, body.pair, model=spec, layers=body.layers,
                     max_tokens=max_tokens, truncate=body.truncate, dtype=body.dtype)
                 store.put(key, held)
-            return describe(key, held)
+            return describe(key, held, limits.long_max_weights)
 
         return to_json(await run(spec_key(spec), work, spec))
 

@@ -1,0 +1,112 @@
+"""Tables of a long capture (:class:`~attnviz.long.LongCapture`): top-k rows, head
+statistics and attention sinks, in the shapes the full capture's tables have.
+
+Pure functions of the capture; everything is computed by the capture in streamed passes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attnviz.long import LongCapture
+
+#: The most attention sinks a table lists.
+MAX_SINKS = 10
+
+
+def topk_rows(cap: LongCapture, layer: int, head: int | str, k: int
+              ) -> list[dict[str, object]]:
+    """Rows as :func:`attnviz.analysis.topk.topk_rows` makes them (``query_index``,
+    ``query``, ``top``: ``key_index``, ``key``, ``weight``), from the long capture's exact
+    top-k; keys a causal query cannot see are never listed. ``layer`` is a model layer the
+    capture holds, ``head`` an index or ``"mean"``."""
+    import numpy as np
+
+    k = min(k, cap.num_tokens)
+    indices, values = cap.topk(layer, head, k)  # -1: a key the query cannot see
+    indices, values = np.asarray(indices), np.asarray(values, dtype=np.float32)
+    tokens = list(cap.display_tokens)
+    rows: list[dict[str, object]] = []
+    for query in range(indices.shape[0]):
+        top = [{"key_index": int(j), "key": tokens[int(j)], "weight": round(float(w), 6)}
+               for j, w in zip(indices[query], values[query])
+               if 0 <= int(j) < len(tokens) and not (cap.causal and int(j) > query)]
+        rows.append({"query_index": query, "query": tokens[query], "top": top})
+    return rows
+
+
+def topk_csv_rows(cap: LongCapture, k: int) -> Iterator[list[object]]:
+    """Rows of a top-k CSV of every captured layer and head (the columns of
+    :data:`attnviz.analysis.topk.TOPK_CSV_COLUMNS`)."""
+    import numpy as np
+
+    tokens = cap.display_tokens
+    k = min(k, cap.num_tokens)
+    for layer in cap.layers:
+        for head in range(cap.num_heads):
+            indices, values = cap.topk(layer, head, k)
+            for query, (keys, weights) in enumerate(zip(np.asarray(indices),
+                                                        np.asarray(values))):
+                rank = 0
+                for j, w in zip(keys, weights):
+                    if j < 0:  # a key the query cannot see
+                        continue
+                    rank += 1
+                    yield [layer, head, query, tokens[query], rank, int(j), tokens[int(j)],
+                           f"{float(w):.6f}"]
+
+
+def head_table(cap: LongCapture, threshold: float = 0.3) -> dict[str, Any]:
+    """Every captured head's statistics (:meth:`LongCapture.head_stats`) and the
+    attention-sink metric, as rows for a table."""
+    import numpy as np
+
+    stats = {name: np.asarray(values, dtype=np.float64)
+             for name, values in cap.head_stats().items()}
+    names = list(stats)
+    rows = []
+    for li, layer in enumerate(cap.layers):
+        for head in range(cap.num_heads):
+            row: dict[str, Any] = {"layer": int(layer), "head": head}
+            row.update({name: float(stats[name][li, head]) for name in names})
+            rows.append(row)
+    fractions = np.asarray(cap.sinks(threshold), dtype=np.float64)
+    order = [int(j) for j in np.argsort(-fractions, kind="stable")[:MAX_SINKS]
+             if fractions[j] > 0]
+    sinks = [{"index": j, "token": cap.display_tokens[j], "fraction": float(fractions[j])}
+             for j in order]
+    return {"title": f"{cap.model}: head statistics of a long capture ({cap.num_tokens} "
+                     f"tokens{', causal' if cap.causal else ''})",
+            "stats": names, "rows": rows, "sinks": sinks, "threshold": threshold}
+
+
+def format_head_table(table: dict[str, Any], fmt: str) -> str:
+    """The table as csv, json or markdown text."""
+    names: list[str] = table["stats"]
+    if fmt == "json":
+        return json.dumps(table, ensure_ascii=False, indent=1) + "\n"
+    cells = [[row["layer"], row["head"], *[f"{row[n]:.6f}" for n in names]]
+             for row in table["rows"]]
+    if fmt == "csv":
+        from attnviz.csvtext import csv_text
+
+        return csv_text(["layer", "head", *names], cells)
+    lines = [f"**{table['title']}**", "", "| L | H | " + " | ".join(names) + " |",
+             "|---|---|" + "---|" * len(names)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in cells]
+    return "\n".join(lines) + "\n\n" + sink_note(table) + "\n"
+
+
+def sink_note(table: dict[str, Any]) -> str:
+    """One line on the attention sinks (Gu et al., 2024): the tokens whose mean attention in
+    a head is above the threshold, with the share of heads where it is."""
+    sinks = table["sinks"]
+    if not sinks:
+        return (f"Attention sinks: no token draws a mean weight above {table['threshold']} in "
+                "any head")
+    listed = ", ".join(f"{s['index']}:{s['token']} ({s['fraction']:.0%} of heads)"
+                       for s in sinks)
+    return f"Attention sinks (mean weight above {table['threshold']}): {listed}"
