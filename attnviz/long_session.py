@@ -313,6 +313,9 @@ class LongPath:
             cap = capture_long(source, text, pair=pair, layers=layer_list,
                                max_tokens=max_tokens, dtype=dtype, folder=folder)
             self.forwards += 1
+        device = str(getattr(source, "device", "cpu"))
+        if device.startswith("cuda"):  # weights on demand are computed where the model runs
+            cap.device = device
         for message in cap.meta.get("warnings", []):
             self._note(str(message))
         return cap

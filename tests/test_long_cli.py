@@ -320,6 +320,19 @@ def test_server_round_trip(invoke: Any, llama_dir: Path, long_text: str, server_
     assert sums.shape == maxes.shape == (-(-cap.num_tokens // 64),) * 2
     np.testing.assert_allclose(sums.sum(axis=1)[:-1], 64.0, rtol=1e-4)  # rows add to queries
     np.testing.assert_allclose(cap.received(1, 3), full_weights[1, 3].sum(axis=0), rtol=1e-4)
+    # heatmap and heads read the server's long capture as they read a local one.
+    drawn = _ok(invoke("heatmap", "-", "--model", str(llama_dir), "--long", "--server",
+                       server_url, "-l", "1", "-o", str(tmp_path / "grid.png"),
+                       input=long_text))
+    assert drawn.stdout.strip().endswith("grid.png")
+    stats = json.loads(_ok(invoke("heads", "-", "--model", str(llama_dir), "--long",
+                                  "--server", server_url, "-f", "json",
+                                  input=long_text)).stdout)
+    assert len(stats["rows"]) == 8
+    row = stats["rows"][5]  # layer 1, head 1: its mean distance, from the eager weights
+    positions = np.arange(full_weights.shape[-1])
+    distance = (full_weights[1, 1] * np.abs(positions[:, None] - positions[None, :])).sum(-1)
+    assert row["distance"] == pytest.approx(distance[1:].mean(), rel=1e-4)
     # The server decides by its own limit; queries and keys never come here.
     dumped = invoke("dump", "-", "--model", str(llama_dir), "--long", "--server", server_url,
                     "-o", str(tmp_path / "d"), input=long_text)
@@ -448,3 +461,14 @@ def test_a_window_wider_than_the_bound_is_refused(invoke: Any, llama_dir: Path,
     assert result.exit_code == 2
     assert "the window holds 60 query tokens; a long capture draws at most 50 per side" \
         in " ".join(result.stderr.split())
+
+
+def test_the_token_bound_of_a_long_capture(invoke: Any, llama_dir: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnviz.long_session as long_session
+
+    monkeypatch.setattr(long_session, "MAX_LONG_TOKENS", 100)
+    result = invoke("top-k", "-", "--model", str(llama_dir), "--long", "-l", "0", "--head",
+                    "0", input="The cat sat on the mat " * 40)
+    assert result.exit_code == 2
+    assert "more than the 100 a long capture takes" in " ".join(result.stderr.split())
