@@ -519,6 +519,11 @@ function attnvizLongMount(root, source, host) {
       th.textContent = name;
       head.appendChild(th);
     }
+    if (!sinks.top.length) {
+      const cell = table.insertRow().insertCell();
+      cell.colSpan = 2;
+      cell.textContent = "none: no token passes the threshold";
+    }
     for (const item of sinks.top) {
       const row = table.insertRow();
       const link = document.createElement("a");
