@@ -104,7 +104,12 @@ def test_zoom_from_the_whole_context_to_exact_token_weights(browser: Any, server
     watch(context, page, [server_url.rsplit("/", 1)[0] + "/"], outside, errors,
           requests=True)
     try:
-        page.goto(server_url)
+        # the live page links to the long view of the capture the server was started with
+        page.goto(server_url.rsplit("/", 1)[0] + "/")
+        page.wait_for_selector("#long-link:not([hidden])", timeout=60_000)
+        assert "16,384 tokens" in (page.text_content("#long-link") or "")
+        page.click("#long-link")
+        page.wait_for_url(server_url)
         _wait(page, "document.documentElement.dataset.longReady === '1'")
         _wait(page, "document.getElementById('long-level').dataset.level === 'atlas'")
         assert page.evaluate("window.attnvizLong.view()") == {"x0": 0, "y0": 0, "span": TOKENS}

@@ -120,6 +120,7 @@ def test_the_view_describes_the_served_capture(client: TestClient, cap: Any, key
     assert info["tile"] == {"max_values": Limits().long_max_weights, "view_side": 256}
     assert re.fullmatch("[0-9a-f]{1536}", info["palette"])
     assert client.post("/api/long/view", json={"id": key}).json()["id"] == key
+    assert client.get("/api/models").json()["long"] == {"id": key, "num_tokens": TOKENS}
     assert "capture the text again" in _error(
         client.post("/api/long/view", json={"id": "nope"}), 404)["hint"]
 
@@ -255,6 +256,7 @@ def test_the_guards_cover_the_long_routes(cap: Any, key: str) -> None:
 
 def test_without_a_long_capture_the_view_says_how_to_get_one() -> None:
     client = TestClient(create_app(["toy"]), base_url=BASE)
+    assert client.get("/api/models").json()["long"] is None
     error = _error(client.post("/api/long/view", json={}), 404)
     assert "--long-from" in error["hint"] and "/long#id=" in error["hint"]
     assert client.get("/long").status_code == 200  # the page, which shows that message

@@ -6,7 +6,8 @@ the message the CLI would print)::
     GET  /                    the live page (report front end + text box)
     GET  /assets/<fixed name> its scripts and styles (a fixed list: no request names a file)
     GET  /api/health          {"status": "ok", "ready": every served model loaded, ...}
-    GET  /api/models          the served models, loaded or not, and the server's limits
+    GET  /api/models          the served models, loaded or not, the server's limits and its
+                              --long-from capture ("long": {"id", "num_tokens"} or null)
     POST /api/model           load a model, say its layers and heads
     POST /api/capture         text -> tokens + weights (quantised, or float32 on request)
     POST /api/capture.zip     the capture as attention.npy + capture.json in a zip
@@ -519,7 +520,9 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
     async def models_list(request: Request) -> Response:
         from starlette.concurrency import run_in_threadpool
 
-        return _json(await run_in_threadpool(engine.models_payload))
+        payload = await run_in_threadpool(engine.models_payload)
+        payload["long"] = long_store.pinned_info()
+        return _json(payload)
 
     async def model_info(request: Request) -> Response:
         body = await read_request(request, ModelRequest, engine.limits)

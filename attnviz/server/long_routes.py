@@ -231,6 +231,13 @@ class LongStore:
             self._pinned[key] = cap
         return key
 
+    def pinned_info(self) -> dict[str, Any] | None:
+        """``{"id", "num_tokens"}`` of the capture the page opens without an id, or None."""
+        with self._lock:
+            for key, cap in self._pinned.items():
+                return {"id": key, "num_tokens": int(cap.num_tokens)}
+        return None
+
     def default(self) -> str:
         """The id the page opens without one: the first pinned capture."""
         with self._lock:
