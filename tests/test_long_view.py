@@ -324,6 +324,10 @@ def test_cli_mistakes_are_one_line_errors(invoke: Any, tmp_path: Path,
                     str(tmp_path / "x.html"))
     assert result.exit_code == 2 and "--long-from cannot be combined" in result.output
     assert "Traceback" not in result.output
+    result = invoke("html", "--long-from", str(long_folder), "--layers", "0", "-o",
+                    str(tmp_path / "x.html"))
+    assert result.exit_code == 2 and "do not go with --long-from" in result.output
+    assert not (tmp_path / "x.html").exists()
     for command in (("html", "--long-from", str(tmp_path / "missing"), "-o",
                      str(tmp_path / "y.html")),
                     ("serve", "--long-from", str(tmp_path / "missing"), "--port", "0")):

@@ -200,6 +200,9 @@ def html_command(
     if out is not None and out.suffix.lower() not in (".html", ".htm"):
         raise UsageError(f"{out} does not end in .html", "name the report e.g. -o report.html")
     if long_from is not None:
+        if layers is not None or heads is not None:
+            raise UsageError("--layers and --heads do not go with --long-from",
+                             "the long report holds every recorded layer and head")
         _long_report(options, input_file, long_from, out, title)
         return
     if input_file is not None:
