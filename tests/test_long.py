@@ -342,3 +342,23 @@ def test_cuda_tiles_equal_cpu_tiles(llama: Any) -> None:
     np.testing.assert_allclose(cap.tile(1, 1, 0, 60, 0, 60), on_cpu, atol=1e-6)
     indices, _values = cap.topk(1, 1, 3)
     assert indices.shape == (cap.num_tokens, 3)
+
+
+def test_capture_on_cuda_equals_cpu(llama: Any) -> None:
+    import torch
+
+    from attnviz.long import capture_long
+    from attnviz.models.hf import HFSource
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    on_gpu = HFSource(llama.location, device="cuda")
+    cap = capture_long(on_gpu, TEXT)
+    reference = capture_long(llama, TEXT)
+    assert cap.meta["device"].startswith("cuda")
+    size = cap.num_tokens
+    for layer in cap.layers:
+        np.testing.assert_allclose(cap.rows(layer, 3, 0, size), reference.rows(layer, 3, 0, size),
+                                   atol=1e-4)
+    np.testing.assert_allclose(cap.head_stats()["entropy"], reference.head_stats()["entropy"],
+                               atol=1e-4)

@@ -189,7 +189,7 @@ def test_automatic_switch_past_the_limit(invoke: Any, llama_dir: Path, long_text
 
 
 def test_dump_long_reads_back_with_from(invoke: Any, llama_dir: Path, long_text: str,
-                                        tmp_path: Path) -> None:
+                                        tmp_path: Path, full_weights: np.ndarray) -> None:
     folder = tmp_path / "book"
     result = _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "--long-dtype",
                         "float32", "-o", str(folder), input=long_text))
@@ -207,12 +207,40 @@ def test_dump_long_reads_back_with_from(invoke: Any, llama_dir: Path, long_text:
                                        "--no-induction", "-f", "json", "--no-cache",
                                        input=long_text)).stdout)
     by_head = {(r["layer"], r["head"]): r for r in full_stats["heads"]}
-    assert len(long_stats["rows"]) == len(by_head) == 8
-    for row in long_stats["rows"]:
+    assert len(long_stats["heads"]) == len(by_head) == 8
+    for row in long_stats["heads"]:
         expected = by_head[(row["layer"], row["head"])]
+        assert row["label"] == expected["label"]
         for name in ("entropy", "distance", "previous", "first", "max_weight", "local"):
             assert row[name] == pytest.approx(expected[name], abs=1e-4), name
-    assert isinstance(long_stats["sinks"], list) and long_stats["threshold"] == 0.3
+    assert long_stats["sinks"]["threshold"] == 0.3
+    # Sinks: the share of heads whose mean attention to a token (over the queries that see
+    # it) is above the threshold, from the eager weights; the largest shares first, at most 10.
+    from attnviz.analysis.long import sink_table
+    from attnviz.long import load_long
+
+    T = full_weights.shape[-1]
+    means = np.stack([full_weights[:, :, j:, j].mean(axis=-1) for j in range(T)], axis=-1)
+
+    def expected(threshold: float) -> tuple[list[int], np.ndarray]:
+        shares = (means > threshold).mean(axis=(0, 1))
+        order = [int(j) for j in np.argsort(-shares, kind="stable")[:10] if shares[j] > 0]
+        return order, shares[order]
+
+    assert [s["index"] for s in long_stats["sinks"]["tokens"]] == expected(0.3)[0]
+    low = float(np.quantile(means, 0.999))  # a threshold some tokens pass in this model
+    got = sink_table(load_long(folder), low)["sinks"]
+    indices, shares = expected(low)
+    assert len(indices) >= 3 and [s["index"] for s in got] == indices
+    np.testing.assert_allclose([s["fraction"] for s in got], shares)
+    table = _ok(invoke("heads", "--from", str(folder), "--sort", "distance", "--columns",
+                       "ent,dist")).stdout
+    assert "Attention sinks" in table and "Per layer" in table and "prev" not in table
+    plot = tmp_path / "stats.png"
+    _ok(invoke("heads", "--from", str(folder), "--plot", str(plot), "--stat", "distance"))
+    from PIL import Image
+
+    assert Image.open(plot).size[0] > 200
 
 
 def test_session_answers_long_requests(llama_dir: Path, long_text: str,
@@ -244,7 +272,7 @@ def test_session_answers_long_requests(llama_dir: Path, long_text: str,
     (("dump", "-", "--long", "-o", "x.npy"), "a long capture is written as a folder"),
     (("dump", "-", "--long", "--float16", "-o", "d"), "use --long-dtype float16"),
     (("heads", "-", "--long", "--heads", "0"), "--heads does not apply to a long capture"),
-    (("heads", "-", "--long", "--plot", "p.png"), "--plot draws the statistics of a full"),
+    (("heads", "-", "--long", "--induction"), "--induction runs the test beside a full"),
     (("heatmap", "-", "--long", "--tokens", "0:10"), "is drawn for one head"),
     (("top-k", "-", "--long", "-l", "5", "--head", "0"), "layer 5 is out of range"),
     (("heads", "--input", "x.txt", "--long"), "--long takes one text"),
@@ -328,8 +356,8 @@ def test_server_round_trip(invoke: Any, llama_dir: Path, long_text: str, server_
     stats = json.loads(_ok(invoke("heads", "-", "--model", str(llama_dir), "--long",
                                   "--server", server_url, "-f", "json",
                                   input=long_text)).stdout)
-    assert len(stats["rows"]) == 8
-    row = stats["rows"][5]  # layer 1, head 1: its mean distance, from the eager weights
+    assert len(stats["heads"]) == 8
+    row = stats["heads"][5]  # layer 1, head 1: its mean distance, from the eager weights
     positions = np.arange(full_weights.shape[-1])
     distance = (full_weights[1, 1] * np.abs(positions[:, None] - positions[None, :])).sum(-1)
     assert row["distance"] == pytest.approx(distance[1:].mean(), rel=1e-4)
@@ -381,9 +409,8 @@ def test_export_long_writes_atlas_topk_and_statistics(invoke: Any, llama_dir: Pa
     dump = tmp_path / "book"
     _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "-o", str(dump),
                input=long_text))
-    result = _ok(invoke("export", "--from", str(dump), "--model", str(llama_dir), "--long",
-                        "-k", "2", "-o", str(out)))
-    assert "1 exported" in result.stdout
+    result = _ok(invoke("export", "--from", str(dump), "-k", "2", "-o", str(out)))
+    assert "1 exported" in result.stdout  # a long dump is exported as one, --long or not
     index = json.loads((out / "index.json").read_text())
     entry, = index["texts"]
     folder = out / entry["folder"]

@@ -187,6 +187,15 @@ def _key_features(capture: LongCapture) -> torch.Tensor:
     return torch.from_numpy(np.stack([sep, punct], axis=1).astype(np.float32))
 
 
+def auto_block(size: int) -> int:
+    """The finest atlas block that keeps a grid at most 512 x 512 (64 at 32k tokens, 256 at
+    128k), so every head's atlas of a long text stays small."""
+    block = 64
+    while -(-size // block) > 512:
+        block *= 2
+    return block
+
+
 def summarise(capture: LongCapture, *, block: int, k: int) -> Summary:
     """Statistics, received attention, the atlas and (``k > 0``) top-k of every head."""
     size, heads = capture.num_tokens, capture.num_heads
@@ -211,15 +220,20 @@ def summarise(capture: LongCapture, *, block: int, k: int) -> Summary:
         layer_counts = {key: torch.zeros(heads, dtype=torch.float64, device=capture.device)
                         for key in STAT_KEYS}
         for a0, a1, k0, s in kernels.log_weight_chunks(q, keys, lse, scale, capture.causal,
-                                                       window, 0, size):
+                                                       window, 0, size, budget=SCAN_BYTES):
+            width = s.shape[-1]
             if top_indices is not None and top_values is not None:
                 index, top = _topk_chunk(s, k, k0)
                 top_indices[position, :, a0:a1] = index.cpu().numpy()
                 top_values[position, :, a0:a1] = top.cpu().numpy()
-            weights = torch.exp(s)  # [head, rows, keys]
-            _row_stats(weights, s, a0, k0, size, capture.causal, window,
-                       features[k0:k0 + s.shape[-1]], layer_sums, layer_counts)
-            got[:, k0:k0 + s.shape[-1]] += weights.sum(dim=1, dtype=torch.float64)
+                largest = top[..., 0]
+            else:
+                largest = s.amax(-1).exp_()
+            weights = s.exp_()  # [head, rows, keys]: the log-weights are not needed again
+            chunk = _Chunk(weights, q[:, a0:a1], keys[:, k0:k0 + width], lse[:, a0:a1], scale,
+                           a0, k0, size, capture.causal, window)
+            _row_stats(chunk, features[k0:k0 + width], largest, layer_sums, layer_counts)
+            got[:, k0:k0 + width] += weights.sum(dim=1)
             _atlas_chunk(weights, a0, k0, block, grid_sums[:heads], grid_maxes[:heads])
             _atlas_chunk(weights.mean(dim=0, keepdim=True), a0, k0, block, grid_sums[heads:],
                          grid_maxes[heads:])
@@ -236,39 +250,73 @@ def summarise(capture: LongCapture, *, block: int, k: int) -> Summary:
                    atlas_maxes=atlas_maxes, top_indices=top_indices, top_values=top_values)
 
 
-def _row_stats(weights: torch.Tensor, logs: torch.Tensor, a0: int, k0: int, size: int,
-               causal: bool, window: int | None, features: torch.Tensor,
-               sums: dict[str, torch.Tensor], counts: dict[str, torch.Tensor]) -> None:
-    """Add one chunk's per-row statistics (``weights``/``logs``: ``[head, rows, keys]``)."""
-    heads, rows, width = weights.shape
-    device = weights.device
-    i = torch.arange(a0, a0 + rows, device=device)
-    visible = kernels.visible_counts(a0, a0 + rows, size, causal, window, device)
-    row_sum = weights.sum(-1)  # [head, rows]
-    nats = -(weights * logs).sum(-1)
-    positions = torch.arange(k0, k0 + width, device=device, dtype=torch.float32)
-    # Distances from the row's own position keep the float32 sums small and exact-ish.
-    offsets = positions[None, :] - i[:, None].to(torch.float32)  # [rows, keys]
-    if causal:
-        distance = -(weights * offsets).sum(-1)
-    else:
-        distance = (weights * offsets.abs()).sum(-1)
-    shares = torch.matmul(weights, features)  # [head, rows, 2]
+#: Bytes of scores per chunk in a whole-capture scan (bigger chunks, fewer torch calls).
+SCAN_BYTES = 64 << 20
 
-    def at(offset: int) -> torch.Tensor:
-        column = i + offset - k0  # [rows]
-        valid = (column >= 0) & (column < width) & (i + offset < size)
+
+@dataclass
+class _Chunk:
+    """One chunk of a layer: weights ``[head, rows, keys]`` and what they came from."""
+
+    weights: torch.Tensor
+    q: torch.Tensor  # [head, rows, dim]
+    k: torch.Tensor  # [kv_head, keys, dim]
+    lse: torch.Tensor  # [head, rows]
+    scale: float
+    a0: int
+    k0: int
+    size: int
+    causal: bool
+    window: int | None
+
+
+def _row_stats(chunk: _Chunk, features: torch.Tensor, largest: torch.Tensor,
+               sums: dict[str, torch.Tensor], counts: dict[str, torch.Tensor]) -> None:
+    """Add one chunk's per-row statistics (see :mod:`attnviz.analysis.stats`).
+
+    The sums over keys that are linear in the weights come from one matrix product of the
+    weights with ``[keys | position - a0 | sep | punct | 1]``: the entropy from
+    ``sum_j a_ij log a_ij = scale * q_i . (sum_j a_ij k_j) - lse_i * sum_j a_ij``, the
+    causal distance from ``sum_j a_ij (i - j)``.
+    """
+    weights = chunk.weights
+    heads, rows, width = weights.shape
+    kv_heads, _keys, dim = chunk.k.shape
+    group = heads // kv_heads
+    device = weights.device
+    a0, k0, size = chunk.a0, chunk.k0, chunk.size
+    i = torch.arange(a0, a0 + rows, device=device)
+    visible = kernels.visible_counts(a0, a0 + rows, size, chunk.causal, chunk.window, device)
+    relative = torch.arange(k0 - a0, k0 - a0 + width, device=device, dtype=torch.float32)
+    extra = torch.cat([relative[:, None], features,
+                       torch.ones(width, 1, device=device)], dim=1)  # [keys, 4]
+    right = torch.cat([chunk.k, extra.expand(kv_heads, width, 4)], dim=2)  # [kv, keys, dim+4]
+    mixed = torch.bmm(weights.reshape(kv_heads, group * rows, width), right)
+    mixed = mixed.view(heads, rows, dim + 4)
+    row_sum = mixed[..., dim + 3]
+    expected_logs = chunk.scale * (chunk.q * mixed[..., :dim]).sum(-1) - chunk.lse * row_sum
+    nats = -expected_logs
+    offset = (i - a0).to(torch.float32)[None, :]
+    if chunk.causal:
+        distance = offset * row_sum - mixed[..., dim]
+    else:
+        distances = (relative[None, :] - offset.T).abs()  # [rows, keys]
+        distance = (weights * distances).sum(-1)
+
+    def at(step: int) -> torch.Tensor:
+        column = i + step - k0  # [rows]
+        valid = (column >= 0) & (column < width) & (i + step < size)
         picked = weights.gather(-1, column.clamp(0, width - 1)[None, :, None]
                                 .expand(heads, rows, 1))[..., 0]
         return picked * valid
 
-    near = {offset: at(offset) for offset in range(-LOCAL_WINDOW, LOCAL_WINDOW + 1)}
+    near = {step: at(step) for step in range(-LOCAL_WINDOW, LOCAL_WINDOW + 1)}
     per_row = {
         "entropy": nats / torch.log(visible.clamp(min=2).to(torch.float32)),
-        "entropy_nats": nats, "distance": distance, "max_weight": weights.amax(-1),
+        "entropy_nats": nats, "distance": distance, "max_weight": largest,
         "self": near[0], "previous": near[-1], "next": near[1],
         "first": weights[:, :, 0] if k0 == 0 else torch.zeros_like(row_sum),
-        "sep": shares[..., 0], "punct": shares[..., 1],
+        "sep": mixed[..., dim + 1], "punct": mixed[..., dim + 2],
         "local": sum(near.values(), torch.zeros_like(row_sum)),
     }
     eligible = (row_sum > 1e-6) & (visible >= 2)[None, :]
