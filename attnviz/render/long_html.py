@@ -219,9 +219,11 @@ def long_report_data(capture: LongCapture, *, title: str | None = None,
     layers = [int(layer) for layer in capture.layers]
     blocks = report_levels(T, len(layers), H, max_cells)
     finest = blocks[-1]
-    # one streamed pass over every head: the statistics and the finest kept atlas level
-    # (64 at most: what head_stats asks for, so it needs no second pass)
-    capture.summarise(block=min(finest, 64))
+    # one streamed pass over every head: the statistics and the finest kept atlas level (at
+    # most the block head_stats asks for, so it needs no second pass)
+    from attnviz.long.scan import auto_block
+
+    capture.summarise(block=min(finest, auto_block(T)))
     levels: list[dict[str, Any]] = [
         {"block": b, "n": -(-T // b), "heads": {str(layer): {} for layer in layers}}
         for b in blocks]
