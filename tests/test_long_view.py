@@ -266,6 +266,9 @@ def test_without_a_long_capture_the_view_says_how_to_get_one() -> None:
 def test_report_levels_stay_within_the_budget() -> None:
     # 72 n^2 cells a level (2 x 4 layers x 9): 1,572,480 down to 128; 256 would add 4.7 M
     assert report_levels(16384, 4, 8) == [4096, 2048, 1024, 512, 256, 128]
+    # docs/long.md: 32 layers x 32 heads at 128k tokens keep 4, 8 and 16 blocks a side
+    assert report_levels(131072, 32, 32) == [32768, 16384, 8192]
+    assert atlas_blocks(131072)[0] == 128
     for T, L, H, cells in ((16384, 4, 8, 1 << 21), (100_000, 32, 32, 1 << 21),
                            (600, 2, 4, 1000), (3, 1, 1, 1)):
         kept = report_levels(T, L, H, cells)
