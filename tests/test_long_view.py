@@ -205,7 +205,7 @@ def test_hostile_tiles_are_refused(client: TestClient, key: str, body: dict[str,
     assert client.post("/api/long/view", json={}).status_code == 200  # still answering
 
 
-def test_hostile_sizes_and_bodies_are_refused(client: TestClient, key: str) -> None:
+def test_hostile_sizes_and_bodies_are_refused(client: TestClient, key: str, cap: Any) -> None:
     small = create_app(["toy"], limits=Limits(long_max_weights=2000),
                        long_capture=client.app.state.long_store.get(key))
     bounded = TestClient(small, base_url=BASE)
@@ -225,6 +225,16 @@ def test_hostile_sizes_and_bodies_are_refused(client: TestClient, key: str) -> N
     _error(client.post("/api/long/atlas", json={"id": key, "layer": 0, "head": 0, "block": 8}),
            422)
     _error(client.post("/api/long/atlas", json={"id": key, "layer": 0, "block": 64}), 422)
+    for layer, head, words in ((2, 0, "layer 2"), (-3, 0, "layer -3"), (0, 4, "head 4"),
+                               (0, -5, "head -5")):
+        for block in (16, 64):  # the finest level (cached) and a pooled one
+            error = _error(client.post("/api/long/atlas", json={
+                "id": key, "layer": layer, "head": head, "block": block}), 422)
+            assert words in error["message"]
+    last = client.post("/api/long/atlas", json={"id": key, "layer": -1, "head": -1,
+                                                "block": 32}).json()
+    np.testing.assert_allclose(_b64(last["sums"], last["shape"]), cap.atlas(1, 3, 32)[0],
+                               rtol=1e-5, atol=1e-5)
     _error(client.post("/api/long/atlas", content=b"layer=0",
                        headers={"content-type": "application/x-www-form-urlencoded"}), 415)
     _error(client.post("/api/long/tile", content=b"{",

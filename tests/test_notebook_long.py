@@ -72,6 +72,8 @@ def test_the_kernel_answers_tiles_atlas_levels_and_statistics(cap: Any) -> None:
       "k1": 11}, "at most 1,000"),
     ({"request": 1, "kind": "atlas", "layer": 0, "head": 0, "block": 16}, "at most 1,000"),
     ({"request": 1, "kind": "atlas", "layer": 0, "head": 0, "block": 48}, "power of two"),
+    ({"request": 1, "kind": "atlas", "layer": 2, "head": 0, "block": 64}, "layer 2"),
+    ({"request": 1, "kind": "atlas", "layer": 0, "head": "all", "block": 64}, "'head'"),
     ({"request": 1, "kind": "stats", "extra": 1}, "unknown field"),
     ([1, 2], "unknown request"),
 ])

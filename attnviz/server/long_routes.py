@@ -187,8 +187,12 @@ class AtlasCache:
         finest = atlas_blocks(cap.num_tokens)[0]
         if block < finest or block & (block - 1):  # the capture answers (or refuses) these
             return cap.atlas(layer, head, block)
-        layer = layer % max(1, cap.num_layers)
-        which: int | str = head if isinstance(head, str) else head % max(1, cap.num_heads)
+        from attnviz.selection import resolve_index
+
+        # the same checks (and messages) as the capture's, before the cache is asked
+        layer = resolve_index(layer, cap.num_layers, "layer")
+        which: int | str = (head if isinstance(head, str)
+                            else resolve_index(head, cap.num_heads, "head"))
         key = (id(cap), layer, which, finest)
         with self._lock:
             found = self._levels.get(key)
