@@ -42,3 +42,20 @@ def capture_tiny_llama(model_dir: Path, tokens: int, out: Path) -> Path:
     source = HFSource(str(model_dir), device="cpu")
     capture_long(source, long_text(tokens + 16), max_tokens=tokens, folder=out).close()
     return out
+
+
+def build_tiny_mistral(folder: Path, *, positions: int = 1024, window: int = 16) -> Path:
+    """A random-weight Mistral with a sliding window of ``window`` keys, saved to ``folder``."""
+    import torch
+    from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
+
+    from attnviz.models.hf import bundled_model_path
+
+    config = MistralConfig(vocab_size=30522, hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=positions, sliding_window=window)
+    torch.manual_seed(0)
+    MistralForCausalLM(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(bundled_model_path(), model_max_length=positions).save_pretrained(
+        folder)
+    return folder

@@ -116,6 +116,7 @@ def test_the_view_describes_the_served_capture(client: TestClient, cap: Any, key
     assert info["display_tokens"] == list(cap.display_tokens)
     assert (info["num_layers"], info["num_heads"]) == (cap.num_layers, cap.num_heads) == (2, 4)
     assert info["layers"] == [0, 1] and info["causal"] is True
+    assert info["windows"] == [None, None]  # no sliding window (see test_notebook_long.py)
     assert info["atlas"] == {"blocks": [16, 32, 64, 128, 256], "mean": True}
     assert info["tile"] == {"max_values": Limits().long_max_weights, "view_side": 256}
     assert re.fullmatch("[0-9a-f]{1536}", info["palette"])

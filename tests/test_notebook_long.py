@@ -20,7 +20,7 @@ from attnviz.errors import AttnvizError
 from attnviz.notebook_long import LongAttentionView, show_long
 from attnviz.render.html import script_json
 from tests._browser import watch
-from tests.long_fixtures import build_tiny_llama, capture_tiny_llama
+from tests.long_fixtures import build_tiny_llama, build_tiny_mistral, capture_tiny_llama
 
 TOKENS = 600
 
@@ -167,3 +167,66 @@ def test_the_widget_zooms_to_exact_weights_asked_of_the_kernel(browser: Any, cap
     finally:
         context.close()
     assert outside == [] and errors == []
+
+
+def _connect(page: Any, view: LongAttentionView) -> None:
+    sent: list[tuple[Any, Any]] = []
+    view.send = lambda content, buffers=None: sent.append((content, buffers))  # type: ignore[method-assign]
+
+    def kernel(content: Any) -> dict[str, Any]:
+        view._on_message(view, content, [])
+        reply, buffers = sent.pop()
+        return {"content": reply,
+                "buffers": [base64.b64encode(bytes(b)).decode("ascii") for b in buffers or []]}
+
+    page.expose_function("attnvizKernel", kernel)
+
+
+@pytest.mark.slow
+def test_keys_outside_a_sliding_window_are_drawn_as_masked(browser: Any,
+                                                           tmp_path: Path) -> None:
+    from attnviz.long import load_long
+
+    model = build_tiny_mistral(tmp_path / "mistral", window=16)
+    cap = load_long(capture_tiny_llama(model, 300, tmp_path / "capture"))
+    assert cap.windows[0] == 16
+    view = show_long(cap)
+    assert view._info["windows"] == [16, 16]
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+    watch(context, page, ["about:"], [], errors)
+    _connect(page, view)
+    try:
+        page.set_content(_stand_in_page(view))
+        _wait(page, "document.getElementById('view').dataset.longReady === '1'")
+        page.evaluate("document.getElementById('view').attnvizLong"
+                      ".setView({x0: 100, y0: 150, span: 40})")
+        _wait(page, f"{SHADOW}.getElementById('long-level').dataset.level === 'exact'")
+        box = page.locator("#view #long-canvas").bounding_box()
+        size = 630 / 40  # pixels a token
+
+        def at(q: int, k: int) -> tuple[float, float]:
+            return (box["x"] + 110 + (k - 100 + 0.5) * size,
+                    box["y"] + 86 + (q - 150 + 0.5) * size)
+
+        # queries 150..189, keys 100..139: a query sees its last 16 keys (q - k < 16)
+        for q, k, hidden in ((150, 139, False), (152, 137, False), (150, 135, False),
+                             (151, 135, True), (185, 100, True), (150, 134, True)):
+            page.mouse.move(*at(q, k))
+            shown = page.evaluate(f"Object.assign({{}}, {SHADOW}.getElementById("
+                                  "'long-readout').dataset)")
+            assert (int(shown["q"]), int(shown["k"])) == (q, k)
+            value = float(cap.tile(0, 0, q, q + 1, k, k + 1)[0, 0])
+            assert float(shown["value"]) == pytest.approx(value, abs=1e-6)
+            assert shown["masked"] == ("1" if hidden else "0")
+            assert (value == 0) == hidden
+            x, y = at(q, k)
+            pixel = page.evaluate(
+                f"(() => {{ const c = {SHADOW}.getElementById('long-canvas'); "
+                "const r = c.getBoundingClientRect(); return Array.from(c.getContext('2d')"
+                f".getImageData({x} - r.left, {y} - r.top, 1, 1).data.slice(0, 3)); }})()")
+            assert (pixel == [232, 233, 236]) == hidden
+    finally:
+        context.close()
+    assert errors == []

@@ -180,9 +180,17 @@ def long_info(capture: LongCapture) -> dict[str, Any]:
         "layers": [int(layer) for layer in capture.layers],
         "causal": bool(capture.causal),
         "window": None if capture.window is None else int(capture.window),
+        "windows": layer_windows(capture),
         "display_tokens": [str(t) for t in capture.display_tokens],
         "palette": palette_hex(),
     }
+
+
+def layer_windows(capture: LongCapture) -> list[int | None]:
+    """The sliding window of each recorded layer (``None``: the layer sees every earlier key)."""
+    windows = getattr(capture, "windows", None) or {}
+    found = [windows.get(layer, capture.window) for layer in capture.layers]
+    return [None if w is None else int(w) for w in found]
 
 
 def _plain(value: float) -> float | None:

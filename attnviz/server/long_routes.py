@@ -311,13 +311,14 @@ def describe(key: str, cap: LongCapture, max_weights: int) -> dict[str, Any]:
 
 def view_payload(key: str, cap: LongCapture, max_values: int) -> dict[str, Any]:
     """``/api/long/view``: :func:`describe` plus what the zoomable view draws with."""
-    from attnviz.render.long_html import atlas_blocks, palette_hex
+    from attnviz.render.long_html import atlas_blocks, layer_windows, palette_hex
 
     payload = describe(key, cap, max_values)
     blocks = [b for b in atlas_blocks(cap.num_tokens)
               if 2 * (-(-cap.num_tokens // b)) ** 2 <= max_values]
     payload.update(atlas={"blocks": blocks or [atlas_blocks(cap.num_tokens)[-1]],
                           "mean": True},
+                   windows=layer_windows(cap),
                    tile={"max_values": max_values, "view_side": VIEW_SIDE},
                    palette=palette_hex())
     return payload

@@ -261,9 +261,16 @@ function attnvizLongMount(root, source, host) {
   }
 
   function masked(grid, r, c) {
-    if (!state.meta.causal) return false;
-    if (grid.kind === "exact") return grid.c0 + c > grid.r0 + r;
-    return c > r; // a key block wholly after every query of the row block
+    // keys a query never sees: later ones (causal) and, under a sliding window w, those at
+    // least w before it (query i sees keys i - w < j <= i); a block only when all its cells are
+    const windows = state.meta.windows || [];
+    const w = windows[state.meta.layers.indexOf(state.layer)];
+    if (grid.kind === "exact") {
+      const q = grid.r0 + r, k = grid.c0 + c;
+      return (state.meta.causal && k > q) || (w ? q - k >= w : false);
+    }
+    const B = grid.block;
+    return (state.meta.causal && c > r) || (w ? r * B - ((c + 1) * B - 1) >= w : false);
   }
 
   function draw() {
@@ -422,10 +429,12 @@ function attnvizLongMount(root, source, host) {
     const i = r * grid.cols + c;
     if (grid.kind === "exact") {
       const value = grid.values[i];
+      const hidden = masked(grid, r, c);
       data.kind = "exact"; data.q = String(cell.q); data.k = String(cell.k);
       data.value = String(value);
+      data.masked = hidden ? "1" : "0";
       readout.textContent = `query ${token(cell.q)} \u2192 key ${token(cell.k)}: ` +
-        `${value.toPrecision(7)}` + (masked(grid, r, c) ? " (masked: a future key)" : "");
+        `${value.toPrecision(7)}` + (hidden ? " (masked: the query does not see this key)" : "");
       return;
     }
     const T = state.meta.num_tokens, B = grid.block;
