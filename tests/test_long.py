@@ -162,6 +162,14 @@ def _check_against_eager(source: Any, text: str = TEXT, tolerance: float = 1e-5)
     stats = cap.head_stats()
     for key, value in expected.items():
         np.testing.assert_allclose(stats[key], value, rtol=1e-5, atol=tolerance, err_msg=key)
+    # The summary's atlas (64-token blocks) and levels pooled from it.
+    for block in (64, 128):
+        for head in (0, "mean"):
+            matrix = weights[-1, 0] if head == 0 else weights[-1].mean(axis=0)
+            sums, maxes = cap.atlas(cap.layers[-1], head, block)
+            want_sums, want_maxes = _blocks(matrix, block)
+            np.testing.assert_allclose(sums, want_sums, atol=1e-4)
+            np.testing.assert_allclose(maxes, want_maxes, atol=tolerance)
     # Sinks (Gu et al.): mean attention over the queries that see a token, over threshold.
     for threshold in (0.05, 0.3):
         count = np.zeros(size)
