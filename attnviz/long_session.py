@@ -142,9 +142,11 @@ class LongPath:
                 f"{layers} layers x {heads} heads x {tokens}^2 tokens, float32")
 
     def _token_bound(self, request: CaptureRequest, text: str, pair: str | None) -> int:
-        """At most how many tokens the text can have: no tokenizer makes more tokens than
-        UTF-8 bytes (plus special tokens), nor more than ``max_tokens`` (when cutting)."""
-        bound = len(text.encode("utf-8")) + len((pair or "").encode("utf-8")) + _SPECIAL_ROOM
+        """At most how many tokens the text can have: a token holds at least one UTF-8 byte,
+        or is a lone word marker before byte pieces (SentencePiece's ``▁``): at most two per
+        byte, plus special tokens; and no more than ``max_tokens`` (when cutting)."""
+        size = len(text.encode("utf-8")) + len((pair or "").encode("utf-8"))
+        bound = 2 * size + _SPECIAL_ROOM
         if request.max_tokens is not None and request.truncate:
             bound = min(bound, request.max_tokens)
         return bound
@@ -315,6 +317,9 @@ class LongPath:
             cap = capture_long(source, text, pair=pair, layers=layer_list,
                                max_tokens=max_tokens, dtype=dtype, folder=folder)
             self.forwards += 1
+        device = str(getattr(source, "device", "cpu"))
+        if device.startswith("cuda"):  # weights on demand are computed where the model runs
+            cap.device = device
         for message in cap.meta.get("warnings", []):
             self._note(str(message))
         return cap

@@ -162,6 +162,14 @@ def _check_against_eager(source: Any, text: str = TEXT, tolerance: float = 1e-5)
     stats = cap.head_stats()
     for key, value in expected.items():
         np.testing.assert_allclose(stats[key], value, rtol=1e-5, atol=tolerance, err_msg=key)
+    # The summary's atlas (64-token blocks) and levels pooled from it.
+    for block in (64, 128):
+        for head in (0, "mean"):
+            matrix = weights[-1, 0] if head == 0 else weights[-1].mean(axis=0)
+            sums, maxes = cap.atlas(cap.layers[-1], head, block)
+            want_sums, want_maxes = _blocks(matrix, block)
+            np.testing.assert_allclose(sums, want_sums, atol=1e-4)
+            np.testing.assert_allclose(maxes, want_maxes, atol=tolerance)
     # Sinks (Gu et al.): mean attention over the queries that see a token, over threshold.
     for threshold in (0.05, 0.3):
         count = np.zeros(size)
@@ -342,3 +350,23 @@ def test_cuda_tiles_equal_cpu_tiles(llama: Any) -> None:
     np.testing.assert_allclose(cap.tile(1, 1, 0, 60, 0, 60), on_cpu, atol=1e-6)
     indices, _values = cap.topk(1, 1, 3)
     assert indices.shape == (cap.num_tokens, 3)
+
+
+def test_capture_on_cuda_equals_cpu(llama: Any) -> None:
+    import torch
+
+    from attnviz.long import capture_long
+    from attnviz.models.hf import HFSource
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    on_gpu = HFSource(llama.location, device="cuda")
+    cap = capture_long(on_gpu, TEXT)
+    reference = capture_long(llama, TEXT)
+    assert cap.meta["device"].startswith("cuda")
+    size = cap.num_tokens
+    for layer in cap.layers:
+        np.testing.assert_allclose(cap.rows(layer, 3, 0, size), reference.rows(layer, 3, 0, size),
+                                   atol=1e-4)
+    np.testing.assert_allclose(cap.head_stats()["entropy"], reference.head_stats()["entropy"],
+                               atol=1e-4)

@@ -189,7 +189,7 @@ def test_automatic_switch_past_the_limit(invoke: Any, llama_dir: Path, long_text
 
 
 def test_dump_long_reads_back_with_from(invoke: Any, llama_dir: Path, long_text: str,
-                                        tmp_path: Path) -> None:
+                                        tmp_path: Path, full_weights: np.ndarray) -> None:
     folder = tmp_path / "book"
     result = _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "--long-dtype",
                         "float32", "-o", str(folder), input=long_text))
@@ -207,12 +207,40 @@ def test_dump_long_reads_back_with_from(invoke: Any, llama_dir: Path, long_text:
                                        "--no-induction", "-f", "json", "--no-cache",
                                        input=long_text)).stdout)
     by_head = {(r["layer"], r["head"]): r for r in full_stats["heads"]}
-    assert len(long_stats["rows"]) == len(by_head) == 8
-    for row in long_stats["rows"]:
+    assert len(long_stats["heads"]) == len(by_head) == 8
+    for row in long_stats["heads"]:
         expected = by_head[(row["layer"], row["head"])]
+        assert row["label"] == expected["label"]
         for name in ("entropy", "distance", "previous", "first", "max_weight", "local"):
             assert row[name] == pytest.approx(expected[name], abs=1e-4), name
-    assert isinstance(long_stats["sinks"], list) and long_stats["threshold"] == 0.3
+    assert long_stats["sinks"]["threshold"] == 0.3
+    # Sinks: the share of heads whose mean attention to a token (over the queries that see
+    # it) is above the threshold, from the eager weights; the largest shares first, at most 10.
+    from attnviz.analysis.long import sink_table
+    from attnviz.long import load_long
+
+    T = full_weights.shape[-1]
+    means = np.stack([full_weights[:, :, j:, j].mean(axis=-1) for j in range(T)], axis=-1)
+
+    def expected(threshold: float) -> tuple[list[int], np.ndarray]:
+        shares = (means > threshold).mean(axis=(0, 1))
+        order = [int(j) for j in np.argsort(-shares, kind="stable")[:10] if shares[j] > 0]
+        return order, shares[order]
+
+    assert [s["index"] for s in long_stats["sinks"]["tokens"]] == expected(0.3)[0]
+    low = float(np.quantile(means, 0.999))  # a threshold some tokens pass in this model
+    got = sink_table(load_long(folder), low)["sinks"]
+    indices, shares = expected(low)
+    assert len(indices) >= 3 and [s["index"] for s in got] == indices
+    np.testing.assert_allclose([s["fraction"] for s in got], shares)
+    table = _ok(invoke("heads", "--from", str(folder), "--sort", "distance", "--columns",
+                       "ent,dist")).stdout
+    assert "Attention sinks" in table and "Per layer" in table and "prev" not in table
+    plot = tmp_path / "stats.png"
+    _ok(invoke("heads", "--from", str(folder), "--plot", str(plot), "--stat", "distance"))
+    from PIL import Image
+
+    assert Image.open(plot).size[0] > 200
 
 
 def test_session_answers_long_requests(llama_dir: Path, long_text: str,
@@ -244,7 +272,7 @@ def test_session_answers_long_requests(llama_dir: Path, long_text: str,
     (("dump", "-", "--long", "-o", "x.npy"), "a long capture is written as a folder"),
     (("dump", "-", "--long", "--float16", "-o", "d"), "use --long-dtype float16"),
     (("heads", "-", "--long", "--heads", "0"), "--heads does not apply to a long capture"),
-    (("heads", "-", "--long", "--plot", "p.png"), "--plot draws the statistics of a full"),
+    (("heads", "-", "--long", "--induction"), "--induction runs the test beside a full"),
     (("heatmap", "-", "--long", "--tokens", "0:10"), "is drawn for one head"),
     (("top-k", "-", "--long", "-l", "5", "--head", "0"), "layer 5 is out of range"),
     (("heads", "--input", "x.txt", "--long"), "--long takes one text"),
@@ -320,6 +348,19 @@ def test_server_round_trip(invoke: Any, llama_dir: Path, long_text: str, server_
     assert sums.shape == maxes.shape == (-(-cap.num_tokens // 64),) * 2
     np.testing.assert_allclose(sums.sum(axis=1)[:-1], 64.0, rtol=1e-4)  # rows add to queries
     np.testing.assert_allclose(cap.received(1, 3), full_weights[1, 3].sum(axis=0), rtol=1e-4)
+    # heatmap and heads read the server's long capture as they read a local one.
+    drawn = _ok(invoke("heatmap", "-", "--model", str(llama_dir), "--long", "--server",
+                       server_url, "-l", "1", "-o", str(tmp_path / "grid.png"),
+                       input=long_text))
+    assert drawn.stdout.strip().endswith("grid.png")
+    stats = json.loads(_ok(invoke("heads", "-", "--model", str(llama_dir), "--long",
+                                  "--server", server_url, "-f", "json",
+                                  input=long_text)).stdout)
+    assert len(stats["heads"]) == 8
+    row = stats["heads"][5]  # layer 1, head 1: its mean distance, from the eager weights
+    positions = np.arange(full_weights.shape[-1])
+    distance = (full_weights[1, 1] * np.abs(positions[:, None] - positions[None, :])).sum(-1)
+    assert row["distance"] == pytest.approx(distance[1:].mean(), rel=1e-4)
     # The server decides by its own limit; queries and keys never come here.
     dumped = invoke("dump", "-", "--model", str(llama_dir), "--long", "--server", server_url,
                     "-o", str(tmp_path / "d"), input=long_text)
@@ -368,9 +409,8 @@ def test_export_long_writes_atlas_topk_and_statistics(invoke: Any, llama_dir: Pa
     dump = tmp_path / "book"
     _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "-o", str(dump),
                input=long_text))
-    result = _ok(invoke("export", "--from", str(dump), "--model", str(llama_dir), "--long",
-                        "-k", "2", "-o", str(out)))
-    assert "1 exported" in result.stdout
+    result = _ok(invoke("export", "--from", str(dump), "-k", "2", "-o", str(out)))
+    assert "1 exported" in result.stdout  # a long dump is exported as one, --long or not
     index = json.loads((out / "index.json").read_text())
     entry, = index["texts"]
     folder = out / entry["folder"]
@@ -448,3 +488,14 @@ def test_a_window_wider_than_the_bound_is_refused(invoke: Any, llama_dir: Path,
     assert result.exit_code == 2
     assert "the window holds 60 query tokens; a long capture draws at most 50 per side" \
         in " ".join(result.stderr.split())
+
+
+def test_the_token_bound_of_a_long_capture(invoke: Any, llama_dir: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnviz.long_session as long_session
+
+    monkeypatch.setattr(long_session, "MAX_LONG_TOKENS", 100)
+    result = invoke("top-k", "-", "--model", str(llama_dir), "--long", "-l", "0", "--head",
+                    "0", input="The cat sat on the mat " * 40)
+    assert result.exit_code == 2
+    assert "more than the 100 a long capture takes" in " ".join(result.stderr.split())

@@ -6,11 +6,11 @@ Pure functions of the capture; everything is computed by the capture in streamed
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from attnviz.analysis.stats import StatSums
     from attnviz.long import LongCapture
 
 #: The most attention sinks a table lists.
@@ -59,45 +59,33 @@ def topk_csv_rows(cap: LongCapture, k: int) -> Iterator[list[object]]:
                            f"{float(w):.6f}"]
 
 
-def head_table(cap: LongCapture, threshold: float = 0.3) -> dict[str, Any]:
-    """Every captured head's statistics (:meth:`LongCapture.head_stats`) and the
-    attention-sink metric, as rows for a table."""
+def long_stat_sums(cap: LongCapture) -> StatSums:
+    """The head statistics of a long capture as :class:`~attnviz.analysis.stats.StatSums`
+    (one text), so every table and figure of ``attnviz heads`` shows them: the means of
+    :meth:`LongCapture.head_stats`, each counted once."""
     import numpy as np
 
-    stats = {name: np.asarray(values, dtype=np.float64)
+    from attnviz.analysis.stats import StatSums
+
+    means = {name: np.asarray(values, dtype=np.float64)
              for name, values in cap.head_stats().items()}
-    names = list(stats)
-    rows = []
-    for li, layer in enumerate(cap.layers):
-        for head in range(cap.num_heads):
-            row: dict[str, Any] = {"layer": int(layer), "head": head}
-            row.update({name: float(stats[name][li, head]) for name in names})
-            rows.append(row)
+    return StatSums(layers=list(cap.layers), heads=list(range(cap.num_heads)), sums=means,
+                    counts={name: np.ones_like(values) for name, values in means.items()},
+                    texts=1, tokens=cap.num_tokens, model=cap.model, causal=cap.causal)
+
+
+def sink_table(cap: LongCapture, threshold: float = 0.3) -> dict[str, Any]:
+    """The attention sinks of Gu et al. (2024): the tokens whose mean attention in a head is
+    above ``threshold``, with the share of (layer, head) pairs where it is; at most
+    :data:`MAX_SINKS`, the largest share first."""
+    import numpy as np
+
     fractions = np.asarray(cap.sinks(threshold), dtype=np.float64)
     order = [int(j) for j in np.argsort(-fractions, kind="stable")[:MAX_SINKS]
              if fractions[j] > 0]
     sinks = [{"index": j, "token": cap.display_tokens[j], "fraction": float(fractions[j])}
              for j in order]
-    return {"title": f"{cap.model}: head statistics of a long capture ({cap.num_tokens} "
-                     f"tokens{', causal' if cap.causal else ''})",
-            "stats": names, "rows": rows, "sinks": sinks, "threshold": threshold}
-
-
-def format_head_table(table: dict[str, Any], fmt: str) -> str:
-    """The table as csv, json or markdown text."""
-    names: list[str] = table["stats"]
-    if fmt == "json":
-        return json.dumps(table, ensure_ascii=False, indent=1) + "\n"
-    cells = [[row["layer"], row["head"], *[f"{row[n]:.6f}" for n in names]]
-             for row in table["rows"]]
-    if fmt == "csv":
-        from attnviz.csvtext import csv_text
-
-        return csv_text(["layer", "head", *names], cells)
-    lines = [f"**{table['title']}**", "", "| L | H | " + " | ".join(names) + " |",
-             "|---|---|" + "---|" * len(names)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in cells]
-    return "\n".join(lines) + "\n\n" + sink_note(table) + "\n"
+    return {"threshold": threshold, "sinks": sinks}
 
 
 def sink_note(table: dict[str, Any]) -> str:

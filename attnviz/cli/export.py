@@ -363,6 +363,13 @@ def export(
     plan.check()
     request = options.model_request(layers=_all_is_none(layers), heads=_all_is_none(heads),
                                     long_path=True)
+    if request.long is None and dump_list and not text_list and input_file is None:
+        from attnviz.long_session import is_long_folder
+
+        if all(is_long_folder(path) for path in dump_list):  # dumps of dump --long
+            import dataclasses
+
+            request = dataclasses.replace(request, long=True)
     if request.long:  # long inputs: atlas figures, top-k and statistics per text
         if ray is not None:
             raise UsageError("--long exports run here, text by text",

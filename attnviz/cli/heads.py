@@ -308,39 +308,22 @@ def _print_head_tables(rows: list[dict[str, Any]], layer_rows: list[dict[str, An
         stderr.print("\n".join(textwrap.wrap(note, width)), markup=False, highlight=False)
 
 
-def _long_heads(cap: LongCapture, *, fmt: TableFormat | None, out: Path | None,
-                plot: Path | None, words: bool, exclude_special: bool) -> None:
-    """``heads`` of a long capture: each head's streamed statistics and the attention sinks."""
-    import attnviz.cli._long as _long
-    from attnviz.analysis.long import format_head_table, head_table, sink_note
+def _with_sinks(text: str, cap: LongCapture, fmt: TableFormat) -> str:
+    """A long capture's table with its attention sinks: a ``sinks`` entry in JSON, a line
+    after Markdown; CSV stays one table (the sinks go to standard error)."""
+    import json
 
-    _long.check_view(words=words, exclude_special=exclude_special)
-    if plot is not None:
-        raise UsageError("--plot draws the statistics of a full capture",
-                         "leave out --plot with a long input; --format csv has every "
-                         "statistic")
-    table = head_table(cap)
-    fmt = fmt or TableFormat.table
-    if fmt is TableFormat.table and out is None:
-        from rich import box
-        from rich.table import Table
+    from attnviz.analysis.long import sink_note, sink_table
 
-        grid = Table(title=escape(table["title"]), box=box.SIMPLE_HEAD, pad_edge=False,
-                     show_edge=False, title_justify="left")
-        grid.add_column("L", justify="right", no_wrap=True)
-        grid.add_column("H", justify="right", no_wrap=True)
-        for name in table["stats"]:
-            grid.add_column(escape(name), justify="right", no_wrap=True)
-        for row in table["rows"]:
-            grid.add_row(str(row["layer"]), str(row["head"]),
-                         *[f"{row[name]:.3f}" for name in table["stats"]])
-        from attnviz.cli._analysis_common import print_wide
-
-        print_wide(grid)
-        stdout.print(escape(sink_note(table)), highlight=False)
-        return
-    _write_or_print(format_head_table(
-        table, "markdown" if fmt is TableFormat.table else fmt.value), out)
+    sinks = sink_table(cap)
+    if fmt is TableFormat.json:
+        data = json.loads(text)
+        data["sinks"] = {"threshold": sinks["threshold"], "tokens": sinks["sinks"]}
+        return json.dumps(data, ensure_ascii=False, indent=1) + "\n"
+    if fmt is TableFormat.csv:
+        stderr.print(escape(sink_note(sinks)), markup=False, highlight=False)
+        return text
+    return text.rstrip("\n") + "\n\n" + sink_note(sinks) + "\n"
 
 
 @app.command("heads", help=HEADS_HELP)
@@ -419,6 +402,7 @@ def heads_command(
         raise UsageError("--measure is not available with --engine ray yet",
                          "use --engine local (the default) for the statistics of a measure")
     ray_induction: list[Any] | None = None  # the induction test, when a Ray worker ran it
+    long_capture: LongCapture | None = None  # a long input's capture (its sinks are added)
     if input_file is not None:
         if options.long:
             raise UsageError("--long takes one text (TEXT or --from), not --input",
@@ -467,12 +451,20 @@ def heads_command(
 
         request = options.request(layers=layers, heads=heads, long_path=True)
         capture = session().run(request)
-        if not isinstance(capture, Capture):  # a long capture: its streamed statistics
-            _long_heads(capture, fmt=fmt, out=out, plot=plot, words=words,
-                        exclude_special=exclude_special)
-            return
-        view = view_of(capture, exclude_special=exclude_special, words=words)
-        sums = stat_sums(view)
+        if isinstance(capture, Capture):
+            view = view_of(capture, exclude_special=exclude_special, words=words)
+            sums = stat_sums(view)
+        else:  # a long capture: the statistics it streams, the same table
+            from attnviz.analysis.long import long_stat_sums
+            from attnviz.cli._long import check_view
+
+            check_view(words=words, exclude_special=exclude_special)
+            if induction:
+                raise UsageError("--induction runs the test beside a full capture",
+                                 "leave out --induction with a long input")
+            long_capture, induction = capture, False
+            sums = long_stat_sums(capture)
+            view = cast(Capture, capture)  # the title reads its pair, meta and causal flag
     live = request.from_path is None  # the induction test needs the model, not a saved capture
     if ray_induction is not None:
         scores, induction_info = ray_induction
@@ -495,9 +487,15 @@ def heads_command(
     elif fmt is TableFormat.table and out is None:
         _print_head_tables(report.rows, report.layer_rows, report.title,
                            parse_columns(columns, report.keys))
+        if long_capture is not None:
+            from attnviz.analysis.long import sink_note, sink_table
+
+            stdout.print(escape(sink_note(sink_table(long_capture))), highlight=False)
     else:
-        _write_or_print(report.format("markdown" if fmt is TableFormat.table else fmt.value),
-                        out)
+        text = report.format("markdown" if fmt is TableFormat.table else fmt.value)
+        if long_capture is not None:
+            text = _with_sinks(text, long_capture, fmt)
+        _write_or_print(text, out)
     if plot is not None:
         from attnviz.render import analysis as figures
         from attnviz.render.heatmap import save_figure

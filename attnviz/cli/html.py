@@ -130,6 +130,23 @@ def _default_output(captures: list[Capture], input_file: Path | None) -> Path:
     return Path(f"attention_{slug}_{digest}_report.html")
 
 
+def _long_report(options: CaptureOptions, input_file: Path | None, folder: Path,
+                 out: Path | None, title: str | None) -> None:
+    """``--long-from``: the offline long-context report (``render/long_html.py``)."""
+    if options.text is not None or options.from_path is not None or input_file is not None:
+        raise UsageError("--long-from cannot be combined with TEXT, --from or --input",
+                         "the long capture holds its text")
+    from attnviz.fileio import short_hash, slugify
+    from attnviz.long import load_long
+    from attnviz.render.long_html import write_long_report
+
+    capture = load_long(folder)
+    if out is None:
+        out = Path(f"attention_{slugify(capture.text, 30)}_"
+                   f"{short_hash(capture.text, capture.model, length=6)}_long.html")
+    stdout.print(str(write_long_report(capture, out, title=title)))
+
+
 @app.command("html")
 @handle_errors
 @capture_options
@@ -156,6 +173,11 @@ def html_command(
         help="Keys listed in the head view's hover tooltip.")] = 5,
     words: WordsOpt = False,
     exclude_special: ExcludeSpecialOpt = False,
+    long_from: Annotated[Path | None, typer.Option(
+        "--long-from", rich_help_panel=INPUT_PANEL, metavar="DIR", show_default=False,
+        help="A saved long capture: write its zoomable atlas report instead (the coarser "
+             "atlas levels of every head and of each layer's mean, the head statistics and "
+             "the attention sinks).")] = None,
 ) -> None:
     """Write one self-contained HTML report (head view, model view, heatmaps, statistics).
 
@@ -172,11 +194,19 @@ def html_command(
       attnviz html --input sentences.txt --layers 0-2 -o sentences.html
 
       attnviz html "The cat sat on the mat" --measure norm -o norm.html
+
+      attnviz html --long-from book_long/ -o book.html
     """
     if precision not in (8, 16):
         raise UsageError(f"--precision {precision} is not supported", "use 8 or 16")
     if out is not None and out.suffix.lower() not in (".html", ".htm"):
         raise UsageError(f"{out} does not end in .html", "name the report e.g. -o report.html")
+    if long_from is not None:
+        if layers is not None or heads is not None:
+            raise UsageError("--layers and --heads do not go with --long-from",
+                             "the long report holds every recorded layer and head")
+        _long_report(options, input_file, long_from, out, title)
+        return
     if input_file is not None:
         if options.text is not None or options.from_path is not None:
             raise UsageError("--input cannot be combined with TEXT or --from",

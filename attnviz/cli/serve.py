@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -29,6 +30,7 @@ from attnviz.cli._common import (
 from attnviz.errors import AttnvizError, UsageError
 
 if TYPE_CHECKING:
+    from attnviz.long import LongCapture
     from attnviz.server.engine import Limits
 
 SERVER_PANEL = "Server"
@@ -44,8 +46,12 @@ SERVE_HELP = "\n\n".join([
     "can use only the models given with --model (--allow-any-model lets them name any hub id "
     "or folder) and never name a file. Other commands can use the running server with "
     "--server URL (or $ATTNVIZ_SERVER) instead of loading the model themselves.",
+    "With --long-from DIR (a saved long capture) the page /long shows one head's attention "
+    "over the whole context, zoomable from the block atlas down to exact token weights, "
+    "computed on demand from the capture's queries, keys and log-sum-exp.",
     "Examples:",
     "  attnviz serve --open",
+    "  attnviz serve --long-from book_long/ --open",
     "  attnviz serve --model minilm --model toy --port 8001",
     "  attnviz heatmap \"The cat sat on the mat\" --server http://127.0.0.1:8000",
 ])
@@ -188,6 +194,10 @@ def serve_command(
         help="Seconds a request may wait and run before it gets 503.")] = 60.0,
     access_log: Annotated[bool, typer.Option(
         "--log", rich_help_panel=OUTPUT_PANEL, help="Print a line per request.")] = False,
+    long_from: Annotated[Path | None, typer.Option(
+        "--long-from", rich_help_panel=SERVER_PANEL, metavar="DIR", show_default=False,
+        help="A saved long capture to explore at /long: the zoomable view of one head over "
+             "the whole context (atlas levels, exact tiles on demand).")] = None,
 ) -> None:
     from attnviz.server.engine import Limits
 
@@ -205,6 +215,11 @@ def serve_command(
             import secrets
 
             token = secrets.token_urlsafe(24)
+    long_capture = None
+    if long_from is not None:
+        from attnviz.long import load_long
+
+        long_capture = load_long(long_from)
     if threads is not None:
         import torch
 
@@ -212,14 +227,15 @@ def serve_command(
     sock = _bind(host, port)
     try:
         _serve(sock, list(models or []), host, token, allow_any_model, limits, device, dtype,
-               open_browser, access_log)
+               open_browser, access_log, long_capture)
     finally:
         sock.close()
 
 
 def _serve(sock: socket.socket, models: list[str], host: str, token: str | None,
            allow_any_model: bool, limits: Limits, device: str, dtype: str,
-           open_browser: bool, access_log: bool) -> None:
+           open_browser: bool, access_log: bool, long_capture: LongCapture | None = None
+           ) -> None:
     import uvicorn
     from rich.markup import escape
 
@@ -228,7 +244,7 @@ def _serve(sock: socket.socket, models: list[str], host: str, token: str | None,
     port = int(sock.getsockname()[1])
     application = create_app(models, token=token, allow_any_model=allow_any_model,
                              limits=limits, allowed_hosts=_allowed_hosts(host),
-                             device=device, dtype=dtype)
+                             device=device, dtype=dtype, long_capture=long_capture)
     engine = application.state.engine
     # The served models load now, before the address is printed: a client that reads it may
     # use the server at once, without paying for the load.
@@ -245,6 +261,11 @@ def _serve(sock: socket.socket, models: list[str], host: str, token: str | None,
     stdout.print(f"Models: {', '.join(engine.models)}"
                  + (" (and any a request names)" if allow_any_model else "")
                  + ". Press Ctrl-C to stop.", markup=False, highlight=False)
+    if long_capture is not None:
+        base, mark, query = addresses[0].partition("?")
+        addresses.insert(0, f"{base}long{mark}{query}")
+        stdout.print(f"Long context ({int(long_capture.num_tokens):,} tokens): {addresses[0]}",
+                     markup=False, highlight=False)
     stdout.file.flush()
     # --log: uvicorn's access lines (info level), with any token in them hidden.
     config = uvicorn.Config(application, log_level="info" if access_log else "warning",

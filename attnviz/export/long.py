@@ -26,12 +26,13 @@ import json
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from attnviz.errors import AttnvizError, InputError, OutputError, UsageError
 from attnviz.export.plan import ExportItem, ExportOptions, ExportProgress, ExportSummary
 
 if TYPE_CHECKING:
+    from attnviz.capture import Capture
     from attnviz.long import LongCapture
     from attnviz.request import CaptureRequest
     from attnviz.session import Session
@@ -65,7 +66,7 @@ def _write_bytes(data: bytes, handle: IO[bytes]) -> None:
 def write_text(cap: LongCapture, folder: Path, options: ExportOptions) -> list[str]:
     """Write one text's files into ``folder`` (inside the export folder); returns their
     names, relative to ``folder``."""
-    from attnviz.analysis.long import head_table, topk_csv_rows
+    from attnviz.analysis.long import topk_csv_rows
     from attnviz.analysis.topk import TOPK_CSV_COLUMNS
     from attnviz.csvtext import csv_text
     from attnviz.fileio import atomic_write, atomic_write_text
@@ -82,15 +83,13 @@ def write_text(cap: LongCapture, folder: Path, options: ExportOptions) -> list[s
                                                     topk_csv_rows(cap, options.top_k)),
                       root=root)
     files.append("topk.csv")
-    table = head_table(cap)
-    names = table["stats"]
-    atomic_write_text(folder / HEADS_CSV, csv_text(
-        ["layer", "head", *names],
-        [[row["layer"], row["head"], *[f"{row[n]:.6f}" for n in names]]
-         for row in table["rows"]]), root=root)
-    atomic_write_text(folder / SINKS_JSON, json.dumps(
-        {"threshold": table["threshold"], "sinks": table["sinks"]}, ensure_ascii=False,
-        indent=1), root=root)
+    from attnviz.analysis.heads import head_report
+    from attnviz.analysis.long import long_stat_sums, sink_table
+
+    report = head_report(long_stat_sums(cap), cast("Capture", cap))  # title: pair, causal
+    atomic_write_text(folder / HEADS_CSV, report.format("csv"), root=root)
+    atomic_write_text(folder / SINKS_JSON, json.dumps(sink_table(cap), ensure_ascii=False,
+                                                      indent=1), root=root)
     files += [HEADS_CSV, SINKS_JSON]
     return files
 

@@ -366,12 +366,14 @@ class LongCapture:
         return atlas_head(self, layer, index, block)
 
     # ------------------------------------------------------------------ whole-capture scans
-    def summarise(self, *, block: int = 64, k: int = 0) -> Summary:
+    def summarise(self, *, block: int | None = None, k: int = 0) -> Summary:
         """One streamed pass over every recorded layer and head: head statistics, attention
-        received, the atlas at ``block`` (coarser levels are pooled from it) and, with
-        ``k > 0``, every head's top-``k`` keys per query. Kept, so later calls are free."""
-        from attnviz.long.scan import summarise
+        received, the atlas at ``block`` (coarser levels are pooled from it; by default the
+        finest block from 64 up that keeps the grid within 512 x 512) and, with ``k > 0``,
+        every head's top-``k`` keys per query. Kept, so later calls are free."""
+        from attnviz.long.scan import auto_block, summarise
 
+        block = auto_block(self.num_tokens) if block is None else int(block)
         if block < 16 or block & (block - 1):
             raise UsageError(f"block must be a power of two from 16, got {block}")
         if not 0 <= int(k) <= MAX_TOPK:

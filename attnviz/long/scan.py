@@ -34,7 +34,8 @@ class Summary:
         stats: the statistics as :class:`attnviz.analysis.stats.StatSums` (``[layer, head]``).
         received: ``[layer, head, T]`` float64 column sums.
         atlas_sums, atlas_maxes: ``[layer, head + 1, nb, nb]`` float32; entry ``head`` (the
-            last) is the mean over heads.
+            last) is the mean over heads, whose maxima are not scanned here (NaN): the mean's
+            maximum needs the mean matrix, which :func:`atlas_head` builds when asked.
         top_indices, top_values: ``[layer, head, T, k]`` (int64, float32), or ``None``.
     """
 
@@ -100,19 +101,6 @@ def _reduce(values: torch.Tensor, reduce: str) -> torch.Tensor:
     return values.sum(-1) if reduce == "sum" else values.amax(-1)
 
 
-def _atlas_chunk(weights: torch.Tensor, a0: int, k0: int, block: int, sums: torch.Tensor,
-                 maxes: torch.Tensor) -> None:
-    """Add one chunk ``[g, rows, keys]`` of weights into ``[g, nb, nb]`` atlas grids."""
-    c0, col_sums = _blocks(weights, k0, block, "sum")  # [g, rows, cb]
-    _c0, col_maxes = _blocks(weights, k0, block, "max")
-    r0, cell_sums = _blocks(col_sums.transpose(1, 2), a0, block, "sum")  # [g, cb, rb]
-    _r0, cell_maxes = _blocks(col_maxes.transpose(1, 2), a0, block, "max")
-    rb, cb = cell_sums.shape[2], cell_sums.shape[1]
-    sums[:, r0:r0 + rb, c0:c0 + cb] += cell_sums.transpose(1, 2)
-    target = maxes[:, r0:r0 + rb, c0:c0 + cb]
-    torch.maximum(target, cell_maxes.transpose(1, 2), out=target)
-
-
 def _topk_chunk(s: torch.Tensor, k: int, k0: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``k`` of log-weights ``[g, rows, keys]``: key positions (``-1`` where masked) and
     weights."""
@@ -161,21 +149,24 @@ def atlas_head(capture: LongCapture, layer: int, head: int | None,
                block: int) -> tuple[np.ndarray, np.ndarray]:
     """The atlas of one head (``None``: the mean): held levels are pooled, others scanned."""
     held = capture._summary
-    if held is not None and block >= held.block:
+    if held is not None and block >= held.block and head is not None:
         return held.atlas(capture.layers.index(layer), head, block)
     size = capture.num_tokens
     nb = -(-size // block)
-    sums = torch.zeros(1, nb, nb, dtype=torch.float32, device=capture.device)
-    maxes = torch.zeros(1, nb, nb, dtype=torch.float32, device=capture.device)
+    sums = torch.zeros(nb, nb, dtype=torch.float32, device=capture.device)
+    maxes = torch.zeros(nb, nb, dtype=torch.float32, device=capture.device)
     q, keys, lse = capture._operands(layer, head, 0, size)
     scale, window = capture.scales[layer], capture.windows[layer]
     for a0, _a1, k0, s in kernels.log_weight_chunks(q, keys, lse, scale, capture.causal, window,
-                                                    0, size):
-        weights = s.exp_()
-        if head is None:
-            weights = weights.mean(dim=0, keepdim=True)
-        _atlas_chunk(weights, a0, k0, block, sums, maxes)
-    return sums[0].cpu().numpy(), maxes[0].cpu().numpy()
+                                                    0, size, max_rows=block):
+        weights = s.exp_().mean(dim=0)  # [rows, keys]: one head, or the mean over heads
+        row = a0 // block  # a chunk lies within one block of queries
+        c0, cells = _blocks(weights.sum(dim=0), k0, block, "sum")
+        sums[row, c0:c0 + cells.shape[-1]] += cells
+        c0, cells = _blocks(weights.amax(dim=0), k0, block, "max")
+        target = maxes[row, c0:c0 + cells.shape[-1]]
+        torch.maximum(target, cells, out=target)
+    return sums.cpu().numpy(), maxes.cpu().numpy()
 
 
 def _key_features(capture: LongCapture) -> torch.Tensor:
@@ -187,8 +178,21 @@ def _key_features(capture: LongCapture) -> torch.Tensor:
     return torch.from_numpy(np.stack([sep, punct], axis=1).astype(np.float32))
 
 
+def auto_block(size: int) -> int:
+    """The finest atlas block that keeps a grid at most 512 x 512 (64 at 32k tokens, 256 at
+    128k), so every head's atlas of a long text stays small."""
+    block = 64
+    while -(-size // block) > 512:
+        block *= 2
+    return block
+
+
 def summarise(capture: LongCapture, *, block: int, k: int) -> Summary:
-    """Statistics, received attention, the atlas and (``k > 0``) top-k of every head."""
+    """Statistics, received attention, the atlas and (``k > 0``) top-k of every head.
+
+    Chunks never straddle a ``block`` boundary of queries, so the column sums and maxima of
+    a chunk (``[head, keys]``, which give the attention received too) are its atlas row.
+    """
     size, heads = capture.num_tokens, capture.num_heads
     layers = len(capture.layers)
     nb = -(-size // block)
@@ -198,37 +202,49 @@ def summarise(capture: LongCapture, *, block: int, k: int) -> Summary:
     received = np.zeros((layers, heads, size))
     atlas_sums = np.zeros((layers, heads + 1, nb, nb), dtype=np.float32)
     atlas_maxes = np.zeros((layers, heads + 1, nb, nb), dtype=np.float32)
+    atlas_maxes[:, heads] = np.nan
     top_indices = np.empty((layers, heads, size, k), dtype=np.int64) if k else None
     top_values = np.empty((layers, heads, size, k), dtype=np.float32) if k else None
     for position, layer in enumerate(capture.layers):
         q, keys, lse = capture._operands(layer, None, 0, size)
         scale, window = capture.scales[layer], capture.windows[layer]
-        grid_sums = torch.zeros(heads + 1, nb, nb, device=capture.device)
-        grid_maxes = torch.zeros(heads + 1, nb, nb, device=capture.device)
+        grid_sums = torch.zeros(heads, nb, nb, device=capture.device)
+        grid_maxes = torch.zeros(heads, nb, nb, device=capture.device)
         got = torch.zeros(heads, size, dtype=torch.float64, device=capture.device)
         layer_sums = {key: torch.zeros(heads, dtype=torch.float64, device=capture.device)
                       for key in STAT_KEYS}
         layer_counts = {key: torch.zeros(heads, dtype=torch.float64, device=capture.device)
                         for key in STAT_KEYS}
         for a0, a1, k0, s in kernels.log_weight_chunks(q, keys, lse, scale, capture.causal,
-                                                       window, 0, size):
+                                                       window, 0, size, budget=SCAN_BYTES,
+                                                       max_rows=block):
+            width = s.shape[-1]
             if top_indices is not None and top_values is not None:
                 index, top = _topk_chunk(s, k, k0)
                 top_indices[position, :, a0:a1] = index.cpu().numpy()
                 top_values[position, :, a0:a1] = top.cpu().numpy()
-            weights = torch.exp(s)  # [head, rows, keys]
-            _row_stats(weights, s, a0, k0, size, capture.causal, window,
-                       features[k0:k0 + s.shape[-1]], layer_sums, layer_counts)
-            got[:, k0:k0 + s.shape[-1]] += weights.sum(dim=1, dtype=torch.float64)
-            _atlas_chunk(weights, a0, k0, block, grid_sums[:heads], grid_maxes[:heads])
-            _atlas_chunk(weights.mean(dim=0, keepdim=True), a0, k0, block, grid_sums[heads:],
-                         grid_maxes[heads:])
+                largest = top[..., 0]
+            else:
+                largest = s.amax(-1).exp_()
+            weights = s.exp_()  # [head, rows, keys]: the log-weights are not needed again
+            chunk = _Chunk(weights, q[:, a0:a1], keys[:, k0:k0 + width], lse[:, a0:a1], scale,
+                           a0, k0, size, capture.causal, window)
+            _row_stats(chunk, features[k0:k0 + width], largest, layer_sums, layer_counts)
+            column_sums = weights.sum(dim=1)  # [head, keys]
+            got[:, k0:k0 + width] += column_sums
+            row = a0 // block
+            c0, cells = _blocks(column_sums, k0, block, "sum")
+            grid_sums[:, row, c0:c0 + cells.shape[-1]] += cells
+            c0, cells = _blocks(weights.amax(dim=1), k0, block, "max")
+            target = grid_maxes[:, row, c0:c0 + cells.shape[-1]]
+            torch.maximum(target, cells, out=target)
         for key in STAT_KEYS:
             sums[key][position] = layer_sums[key].cpu().numpy()
             counts[key][position] = layer_counts[key].cpu().numpy()
         received[position] = got.cpu().numpy()
-        atlas_sums[position] = grid_sums.cpu().numpy()
-        atlas_maxes[position] = grid_maxes.cpu().numpy()
+        atlas_sums[position, :heads] = grid_sums.cpu().numpy()
+        atlas_sums[position, heads] = atlas_sums[position, :heads].mean(axis=0)  # linear
+        atlas_maxes[position, :heads] = grid_maxes.cpu().numpy()
     stats = StatSums(layers=list(capture.layers), heads=list(range(heads)), sums=sums,
                      counts=counts, texts=1, tokens=size, model=capture.model,
                      causal=capture.causal)
@@ -236,39 +252,73 @@ def summarise(capture: LongCapture, *, block: int, k: int) -> Summary:
                    atlas_maxes=atlas_maxes, top_indices=top_indices, top_values=top_values)
 
 
-def _row_stats(weights: torch.Tensor, logs: torch.Tensor, a0: int, k0: int, size: int,
-               causal: bool, window: int | None, features: torch.Tensor,
-               sums: dict[str, torch.Tensor], counts: dict[str, torch.Tensor]) -> None:
-    """Add one chunk's per-row statistics (``weights``/``logs``: ``[head, rows, keys]``)."""
-    heads, rows, width = weights.shape
-    device = weights.device
-    i = torch.arange(a0, a0 + rows, device=device)
-    visible = kernels.visible_counts(a0, a0 + rows, size, causal, window, device)
-    row_sum = weights.sum(-1)  # [head, rows]
-    nats = -(weights * logs).sum(-1)
-    positions = torch.arange(k0, k0 + width, device=device, dtype=torch.float32)
-    # Distances from the row's own position keep the float32 sums small and exact-ish.
-    offsets = positions[None, :] - i[:, None].to(torch.float32)  # [rows, keys]
-    if causal:
-        distance = -(weights * offsets).sum(-1)
-    else:
-        distance = (weights * offsets.abs()).sum(-1)
-    shares = torch.matmul(weights, features)  # [head, rows, 2]
+#: Bytes of scores per chunk in a whole-capture scan (bigger chunks, fewer torch calls).
+SCAN_BYTES = 64 << 20
 
-    def at(offset: int) -> torch.Tensor:
-        column = i + offset - k0  # [rows]
-        valid = (column >= 0) & (column < width) & (i + offset < size)
+
+@dataclass
+class _Chunk:
+    """One chunk of a layer: weights ``[head, rows, keys]`` and what they came from."""
+
+    weights: torch.Tensor
+    q: torch.Tensor  # [head, rows, dim]
+    k: torch.Tensor  # [kv_head, keys, dim]
+    lse: torch.Tensor  # [head, rows]
+    scale: float
+    a0: int
+    k0: int
+    size: int
+    causal: bool
+    window: int | None
+
+
+def _row_stats(chunk: _Chunk, features: torch.Tensor, largest: torch.Tensor,
+               sums: dict[str, torch.Tensor], counts: dict[str, torch.Tensor]) -> None:
+    """Add one chunk's per-row statistics (see :mod:`attnviz.analysis.stats`).
+
+    The sums over keys that are linear in the weights come from one matrix product of the
+    weights with ``[keys | position - a0 | sep | punct | 1]``: the entropy from
+    ``sum_j a_ij log a_ij = scale * q_i . (sum_j a_ij k_j) - lse_i * sum_j a_ij``, the
+    causal distance from ``sum_j a_ij (i - j)``.
+    """
+    weights = chunk.weights
+    heads, rows, width = weights.shape
+    kv_heads, _keys, dim = chunk.k.shape
+    group = heads // kv_heads
+    device = weights.device
+    a0, k0, size = chunk.a0, chunk.k0, chunk.size
+    i = torch.arange(a0, a0 + rows, device=device)
+    visible = kernels.visible_counts(a0, a0 + rows, size, chunk.causal, chunk.window, device)
+    relative = torch.arange(k0 - a0, k0 - a0 + width, device=device, dtype=torch.float32)
+    extra = torch.cat([relative[:, None], features,
+                       torch.ones(width, 1, device=device)], dim=1)  # [keys, 4]
+    right = torch.cat([chunk.k, extra.expand(kv_heads, width, 4)], dim=2)  # [kv, keys, dim+4]
+    mixed = torch.bmm(weights.reshape(kv_heads, group * rows, width), right)
+    mixed = mixed.view(heads, rows, dim + 4)
+    row_sum = mixed[..., dim + 3]
+    expected_logs = chunk.scale * (chunk.q * mixed[..., :dim]).sum(-1) - chunk.lse * row_sum
+    nats = -expected_logs
+    offset = (i - a0).to(torch.float32)[None, :]
+    if chunk.causal:
+        distance = offset * row_sum - mixed[..., dim]
+    else:
+        distances = (relative[None, :] - offset.T).abs()  # [rows, keys]
+        distance = (weights * distances).sum(-1)
+
+    def at(step: int) -> torch.Tensor:
+        column = i + step - k0  # [rows]
+        valid = (column >= 0) & (column < width) & (i + step < size)
         picked = weights.gather(-1, column.clamp(0, width - 1)[None, :, None]
                                 .expand(heads, rows, 1))[..., 0]
         return picked * valid
 
-    near = {offset: at(offset) for offset in range(-LOCAL_WINDOW, LOCAL_WINDOW + 1)}
+    near = {step: at(step) for step in range(-LOCAL_WINDOW, LOCAL_WINDOW + 1)}
     per_row = {
         "entropy": nats / torch.log(visible.clamp(min=2).to(torch.float32)),
-        "entropy_nats": nats, "distance": distance, "max_weight": weights.amax(-1),
+        "entropy_nats": nats, "distance": distance, "max_weight": largest,
         "self": near[0], "previous": near[-1], "next": near[1],
         "first": weights[:, :, 0] if k0 == 0 else torch.zeros_like(row_sum),
-        "sep": shares[..., 0], "punct": shares[..., 1],
+        "sep": mixed[..., dim + 1], "punct": mixed[..., dim + 2],
         "local": sum(near.values(), torch.zeros_like(row_sum)),
     }
     eligible = (row_sum > 1e-6) & (visible >= 2)[None, :]

@@ -516,7 +516,8 @@ class HFSource:
         raise InputError(
             f"this capture needs {_size(needed)} ({layers} layers x {heads} heads x "
             f"{tokens}x{tokens} tokens, float32) but only {_size(available)} of memory is free",
-            "select fewer layers or heads (--layers, --heads), shorten the input "
+            "take the long path (--long: exact weights on demand, memory as tokens x head "
+            "size), select fewer layers or heads (--layers, --heads), shorten the input "
             "(--max-tokens), or write it straight to disk: attnviz dump ... --float16")
 
     def _unknown_warnings(self, text: str, pair: str | None, tokens: list[str],

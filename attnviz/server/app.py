@@ -6,15 +6,17 @@ the message the CLI would print)::
     GET  /                    the live page (report front end + text box)
     GET  /assets/<fixed name> its scripts and styles (a fixed list: no request names a file)
     GET  /api/health          {"status": "ok", "ready": every served model loaded, ...}
-    GET  /api/models          the served models, loaded or not, and the server's limits
+    GET  /api/models          the served models, loaded or not, the server's limits and its
+                              --long-from capture ("long": {"id", "num_tokens"} or null)
     POST /api/model           load a model, say its layers and heads
     POST /api/capture         text -> tokens + weights (quantised, or float32 on request)
     POST /api/capture.zip     the capture as attention.npy + capture.json in a zip
     POST /api/topk            top-k keys per query of one head (json or csv), or one row
     POST /api/explain         the toy model's step-by-step calculation for one query
     POST /api/induction       a model's attention on token positions (the induction test)
-    POST /api/long/...        long captures kept here: plan, capture, tile, atlas, topk, stats,
-                              received (:mod:`attnviz.server.long_routes`)
+    POST /api/long/...        long captures kept here: plan, capture, view, tile, atlas, topk,
+                              stats, received (:mod:`attnviz.server.long_routes`)
+    GET  /long                the zoomable view of a long capture
     POST /api/generate        generated tokens, streamed as chosen, with their top keys
 
 Guards: requests must name an allowed ``Host`` (``127.0.0.1``/``localhost`` when bound there,
@@ -78,6 +80,7 @@ from attnviz.server.requests import (
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from attnviz.long import LongCapture
     from attnviz.models import ModelSpec
     from attnviz.session import Session
 
@@ -99,6 +102,8 @@ ASSETS = {
     "report.css": ("attnviz.render", "report.css", "text/css; charset=utf-8"),
     "live.js": ("attnviz.server", "live.js", "text/javascript; charset=utf-8"),
     "live.css": ("attnviz.server", "live.css", "text/css; charset=utf-8"),
+    "long.js": ("attnviz.render", "long.js", "text/javascript; charset=utf-8"),
+    "long.css": ("attnviz.render", "long.css", "text/css; charset=utf-8"),
 }
 log = logging.getLogger("attnviz.server")
 
@@ -469,7 +474,7 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
                allow_any_model: bool = False, limits: Limits | None = None,
                session: Session | None = None,
                allowed_hosts: Sequence[str] | None = LOCAL_HOSTS, device: str = "auto",
-               dtype: str = "float32") -> Starlette:
+               dtype: str = "float32", long_capture: LongCapture | None = None) -> Starlette:
     """The ASGI application of ``attnviz serve``.
 
     Args:
@@ -482,6 +487,9 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
         allowed_hosts: ``Host`` names the server answers to; ``None`` for any (a server bound
             beyond this machine relies on its token instead).
         device, dtype: how the models are loaded.
+        long_capture: a long capture (:func:`attnviz.long.load_long`) the server keeps for
+            good (never evicted) and the page ``/long`` opens on (``attnviz serve
+            --long-from DIR``).
 
     Returns:
         The Starlette app; ``app.state.engine`` is its :class:`~attnviz.server.engine.Engine`.
@@ -514,7 +522,9 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
     async def models_list(request: Request) -> Response:
         from starlette.concurrency import run_in_threadpool
 
-        return _json(await run_in_threadpool(engine.models_payload))
+        payload = await run_in_threadpool(engine.models_payload)
+        payload["long"] = long_store.pinned_info()
+        return _json(payload)
 
     async def model_info(request: Request) -> Response:
         body = await read_request(request, ModelRequest, engine.limits)
@@ -596,6 +606,8 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
     from attnviz.server.long_routes import long_routes
 
     routes_long, long_store = long_routes(engine, runner.run, read_request, _endpoint, _json)
+    if long_capture is not None:
+        long_store.pin(long_capture)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -11,9 +11,12 @@ crosses the wire. Every route takes a JSON body (``POST``, as the rest of the AP
                                  "layers", "num_layers", "num_heads", "num_kv_heads",
                                  "num_tokens", "causal", "window", "dtype", "warnings",
                                  "max_weights"}
-    POST /api/long/tile      {id, layer, head, q0, q1, k0, k1}
+    POST /api/long/view      {id?} -> what /api/long/capture answers, plus the atlas levels,
+                             the tile bound and the palette the zoomable view draws with
+                             (no id: the capture the server was started with, --long-from)
+    POST /api/long/tile      {id, layer, head, q0, q1, k0, k1, format?}
                              -> {"shape": [rows, cols], "weights": base64 float32}
-    POST /api/long/atlas     {id, layer, head, block}  (head: index or "mean")
+    POST /api/long/atlas     {id, layer, head, block, format?}  (head: index or "mean")
                              -> {"block", "shape": [nb, nb], "sums", "maxes"} (base64 float32)
     POST /api/long/topk      {id, layer, head, k, q0?, q1?}
                              -> {"shape": [rows, k], "indices": [[...]], "values": base64}
@@ -22,9 +25,16 @@ crosses the wire. Every route takes a JSON body (``POST``, as the rest of the AP
     POST /api/long/received  {id, layer, head}  -> {"received": base64 float64 [T]}
 
 ``id`` names a capture made by ``/api/long/capture`` (the same request gives the same id while
-the capture is kept; a 404 says to capture again). Tiles, atlases and top-k answers are bounded
-by ``Limits.long_max_weights`` values. The zoomable view fetches atlas levels and tiles from
-here.
+the capture is kept; a 404 says to capture again) or the one the server was started with
+(``--long-from``, kept for good). Tiles, atlases and top-k answers are bounded by
+``Limits.long_max_weights`` values. ``"format": "float32"`` answers a tile or an atlas as raw
+little-endian float32 (``application/octet-stream``, the shape in ``X-Attnviz-Shape``; an atlas
+is its sums, then its maxima), which is what the page asks for.
+
+The zoomable view (``GET /long``, ``render/assets/long.js``) fetches atlas levels and exact
+tiles from here: ``/long`` opens the ``--long-from`` capture, ``/long#id=ID`` any kept one. An
+atlas level is pooled from the finest level the view uses (:class:`AtlasCache`: one pass over a
+head's weights, then every coarser level is free).
 """
 
 from __future__ import annotations
@@ -102,6 +112,15 @@ class _OnCapture(_Request):
     id: _ID
 
 
+_Format = Annotated[str, one_of("json", "float32")]
+
+
+class ViewRequest(_Request):
+    """``/api/long/view``: a kept capture (default: the one the server was started with)."""
+
+    id: Annotated[str | None, chars(64)] = None
+
+
 class TileRequest(_OnCapture):
     layer: _Layer
     head: _Head
@@ -109,12 +128,14 @@ class TileRequest(_OnCapture):
     q1: _Pos
     k0: _Pos
     k1: _Pos
+    format: _Format = "json"
 
 
 class AtlasRequest(_OnCapture):
     layer: _Layer
     head: _Head
     block: Annotated[int, between(16, 1 << 20)] = 64
+    format: _Format = "json"
 
 
 class LongTopkRequest(_OnCapture):
@@ -141,16 +162,100 @@ class ReceivedRequest(_OnCapture):
 
 
 # --------------------------------------------------------------------------- the store
+#: The view asks for exact tiles once it spans at most this many tokens.
+VIEW_SIDE = 256
+#: Finest atlas levels kept for the view, by bytes (at most 8 MiB a head).
+ATLAS_CACHE_BYTES = 256 << 20
+
+
+class AtlasCache:
+    """Atlas levels of the view: the finest level (:func:`atlas_blocks`) of each head is read
+    from the capture once and kept (least recently used out first, within
+    :data:`ATLAS_CACHE_BYTES`); coarser levels are pooled from it."""
+
+    def __init__(self) -> None:
+        self._levels: collections.OrderedDict[tuple[int, int, str | int, int],
+                                              tuple[np.ndarray, np.ndarray]] = (
+            collections.OrderedDict())
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def atlas(self, cap: LongCapture, layer: int, head: int | str, block: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+        from attnviz.render.long_html import atlas_blocks, pool_atlas
+
+        finest = atlas_blocks(cap.num_tokens)[0]
+        if block < finest or block & (block - 1):  # the capture answers (or refuses) these
+            return cap.atlas(layer, head, block)
+        from attnviz.selection import resolve_index
+
+        # the same checks (and messages) as the capture's, before the cache is asked
+        layer = resolve_index(layer, cap.num_layers, "layer")
+        which: int | str = (head if isinstance(head, str)
+                            else resolve_index(head, cap.num_heads, "head"))
+        key = (id(cap), layer, which, finest)
+        with self._lock:
+            found = self._levels.get(key)
+            if found is not None:
+                self._levels.move_to_end(key)
+        if found is None:
+            found = cap.atlas(layer, head, finest)
+            with self._lock:
+                if key not in self._levels:
+                    self._levels[key] = found
+                    self._bytes += found[0].nbytes + found[1].nbytes
+                while self._bytes > ATLAS_CACHE_BYTES and len(self._levels) > 1:
+                    _, (sums, maxes) = self._levels.popitem(last=False)
+                    self._bytes -= sums.nbytes + maxes.nbytes
+        return pool_atlas(found[0], found[1], block // finest)
+
+    def forget(self, cap: LongCapture) -> None:
+        with self._lock:
+            for key in [k for k in self._levels if k[0] == id(cap)]:
+                sums, maxes = self._levels.pop(key)
+                self._bytes -= sums.nbytes + maxes.nbytes
+
+
 class LongStore:
-    """The long captures the server keeps (the last ``keep``), by id."""
+    """The long captures the server keeps (the last ``keep``, and any pinned), by id."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self._captures: collections.OrderedDict[str, LongCapture] = collections.OrderedDict()
+        self._pinned: dict[str, LongCapture] = {}
         self._lock = threading.Lock()
+        self.atlas = AtlasCache()
+
+    def pin(self, cap: LongCapture) -> str:
+        """Keep ``cap`` for good (``attnviz serve --long-from``); returns its id."""
+        from attnviz.inputs import short_hash
+
+        key = "folder-" + short_hash(str(getattr(cap, "folder", "")), cap.text, length=16)
+        with self._lock:
+            self._pinned[key] = cap
+        return key
+
+    def pinned_info(self) -> dict[str, Any] | None:
+        """``{"id", "num_tokens"}`` of the capture the page opens without an id, or None."""
+        with self._lock:
+            for key, cap in self._pinned.items():
+                return {"id": key, "num_tokens": int(cap.num_tokens)}
+        return None
+
+    def default(self) -> str:
+        """The id the page opens without one: the first pinned capture."""
+        with self._lock:
+            if self._pinned:
+                return next(iter(self._pinned))
+        raise ApiError(404, "this server holds no long capture to open",
+                       "start it with attnviz serve --long-from DIR, or capture a text with "
+                       "/api/long/capture and open /long#id=ID")
 
     def get(self, key: str) -> LongCapture:
         with self._lock:
+            pinned = self._pinned.get(key)
+            if pinned is not None:
+                return pinned
             cap = self._captures.get(key)
             if cap is None:
                 raise ApiError(404, f"no long capture {key[:64]!r} on this server (it keeps the "
@@ -161,7 +266,7 @@ class LongStore:
 
     def find(self, key: str) -> LongCapture | None:
         with self._lock:
-            return self._captures.get(key)
+            return self._pinned.get(key) or self._captures.get(key)
 
     def put(self, key: str, cap: LongCapture) -> None:
         with self._lock:
@@ -169,13 +274,15 @@ class LongStore:
             self._captures.move_to_end(key)
             while len(self._captures) > self.keep:
                 _, old = self._captures.popitem(last=False)
+                self.atlas.forget(old)
                 old.close()
 
     def close(self) -> None:
         with self._lock:
-            for cap in self._captures.values():
+            for cap in [*self._captures.values(), *self._pinned.values()]:
                 cap.close()
             self._captures.clear()
+            self._pinned.clear()
 
 
 def _b64(array: np.ndarray, dtype: str = "<f4") -> str:
@@ -200,6 +307,40 @@ def describe(key: str, cap: LongCapture, max_weights: int) -> dict[str, Any]:
             "num_kv_heads": cap.num_kv_heads, "num_tokens": cap.num_tokens,
             "causal": cap.causal, "window": cap.window, "dtype": cap.dtype,
             "warnings": [str(w) for w in cap.meta.get("warnings", [])]}
+
+
+def view_payload(key: str, cap: LongCapture, max_values: int) -> dict[str, Any]:
+    """``/api/long/view``: :func:`describe` plus what the zoomable view draws with."""
+    from attnviz.render.long_html import atlas_blocks, layer_windows, palette_hex
+
+    payload = describe(key, cap, max_values)
+    blocks = [b for b in atlas_blocks(cap.num_tokens)
+              if 2 * (-(-cap.num_tokens // b)) ** 2 <= max_values]
+    payload.update(atlas={"blocks": blocks or [atlas_blocks(cap.num_tokens)[-1]],
+                          "mean": True},
+                   windows=layer_windows(cap),
+                   tile={"max_values": max_values, "view_side": VIEW_SIDE},
+                   palette=palette_hex())
+    return payload
+
+
+def _float32(values: np.ndarray, shape: Any) -> Response:
+    import numpy as np
+    from starlette.responses import Response
+
+    data = np.ascontiguousarray(values, dtype="<f4").tobytes()
+    return Response(data, media_type="application/octet-stream",
+                    headers={"X-Attnviz-Shape": ",".join(str(int(n)) for n in shape)})
+
+
+def long_page() -> str:
+    """The page ``/long``: long.html with its script and style by address."""
+    from attnviz._version import __version__
+    from attnviz.render.long_html import long_page as page
+
+    return page(generator=f"attnviz {__version__}", title="attnviz long context",
+                source="server", style='<link rel="stylesheet" href="/assets/long.css">',
+                data="", script='<script src="/assets/long.js"></script>')
 
 
 def _check_weights(count: int, limit: int, what: str) -> None:
@@ -285,12 +426,11 @@ def long_routes(engine: Engine, run: Any, read: Any, endpoint: Any, to_json: Any
         _check_weights(max(0, body.q1 - body.q0) * max(0, body.k1 - body.k0),
                        limits.long_max_weights, "the tile")
 
-        def work() -> dict[str, Any]:
-            weights = cap.tile(body.layer, _head_value(body.head), body.q0, body.q1, body.k0,
-                               body.k1)
-            return {"shape": list(weights.shape), "weights": _b64(weights)}
-
-        return to_json(await run("long", work))
+        weights = await run("long", lambda: cap.tile(body.layer, _head_value(body.head),
+                                                     body.q0, body.q1, body.k0, body.k1))
+        if body.format == "float32":
+            return _float32(weights, weights.shape)
+        return to_json({"shape": list(weights.shape), "weights": _b64(weights)})
 
     async def atlas(request: Request) -> Response:
         body = await read(request, AtlasRequest, limits)
@@ -298,12 +438,27 @@ def long_routes(engine: Engine, run: Any, read: Any, endpoint: Any, to_json: Any
         blocks = -(-cap.num_tokens // body.block)
         _check_weights(2 * blocks * blocks, limits.long_max_weights, "the atlas")
 
-        def work() -> dict[str, Any]:
-            sums, maxes = cap.atlas(body.layer, _head_value(body.head), body.block)
-            return {"block": body.block, "shape": list(sums.shape), "sums": _b64(sums),
-                    "maxes": _b64(maxes)}
+        sums, maxes = await run("long", lambda: store.atlas.atlas(
+            cap, body.layer, _head_value(body.head), body.block))
+        if body.format == "float32":
+            import numpy as np
 
-        return to_json(await run("long", work))
+            return _float32(np.concatenate([sums.ravel(), maxes.ravel()]), sums.shape)
+        return to_json({"block": body.block, "shape": list(sums.shape), "sums": _b64(sums),
+                        "maxes": _b64(maxes)})
+
+    async def view(request: Request) -> Response:
+        body = await read(request, ViewRequest, limits)
+        key = store.default() if body.id is None else body.id
+        cap = store.get(key)
+        return to_json(view_payload(key, cap, limits.long_max_weights))
+
+    page = long_page()
+
+    async def long_index(request: Request) -> Response:
+        from starlette.responses import HTMLResponse
+
+        return HTMLResponse(page)
 
     async def topk(request: Request) -> Response:
         body = await read(request, LongTopkRequest, limits)
@@ -341,7 +496,8 @@ def long_routes(engine: Engine, run: Any, read: Any, endpoint: Any, to_json: Any
         return to_json(await run("long", work))
 
     routes = [Route(f"/api/long/{name}", endpoint(handler), methods=["POST"])
-              for name, handler in (("plan", plan), ("capture", capture), ("tile", tile),
-                                    ("atlas", atlas), ("topk", topk), ("stats", stats),
-                                    ("received", received))]
+              for name, handler in (("plan", plan), ("capture", capture), ("view", view),
+                                    ("tile", tile), ("atlas", atlas), ("topk", topk),
+                                    ("stats", stats), ("received", received))]
+    routes.append(Route("/long", endpoint(long_index), methods=["GET"]))
     return routes, store

@@ -627,6 +627,11 @@
     if (!live.model) live.model = info.default;
     select.value = live.model;
     syncToy();
+    const long = byId("long-link");
+    if (info.long && long) {  // a long capture this server was started with (--long-from)
+      long.textContent = "Long context (" + info.long.num_tokens.toLocaleString() + " tokens) \u2192";
+      long.hidden = false;
+    }
   }
 
   function syncToy() {
