@@ -370,3 +370,16 @@ def test_capture_on_cuda_equals_cpu(llama: Any) -> None:
                                    atol=1e-4)
     np.testing.assert_allclose(cap.head_stats()["entropy"], reference.head_stats()["entropy"],
                                atol=1e-4)
+
+
+def test_capture_into_a_used_folder_replaces_it(llama: Any, tmp_path: Path) -> None:
+    from attnviz.long import capture_long, load_long
+
+    capture_long(llama, TEXT, folder=tmp_path / "cap")
+    again = capture_long(llama, "The dog sat on the log.", layers=[1], folder=tmp_path / "cap")
+    loaded = load_long(tmp_path / "cap")
+    assert loaded.text == "The dog sat on the log." and loaded.layers == [1]
+    np.testing.assert_array_equal(loaded.rows(1, 0, 0, loaded.num_tokens),
+                                  again.rows(1, 0, 0, again.num_tokens))
+    with pytest.raises(UsageError, match="power of two from 16 to"):
+        loaded.atlas(1, 0, 1 << 21)

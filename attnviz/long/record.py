@@ -30,6 +30,8 @@ SIDECAR = "long.json"
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 #: Largest tile (query rows x keys) one call returns: 64 Mi weights, 256 MiB of float32.
 MAX_TILE = 64 << 20
+#: Largest atlas block.
+MAX_BLOCK = 1 << 20
 #: Largest ``k`` of :meth:`LongCapture.topk`.
 MAX_TOPK = 1024
 
@@ -360,8 +362,8 @@ class LongCapture:
         layer = self._layer(layer)
         index = self._head(head)
         block = int(block)
-        if block < 16 or block & (block - 1):
-            raise UsageError(f"block must be a power of two from 16, got {block}",
+        if block < 16 or block > MAX_BLOCK or block & (block - 1):
+            raise UsageError(f"block must be a power of two from 16 to {MAX_BLOCK}, got {block}",
                              "use 64, 256 or 1024")
         return atlas_head(self, layer, index, block)
 
@@ -374,8 +376,9 @@ class LongCapture:
         from attnviz.long.scan import auto_block, summarise
 
         block = auto_block(self.num_tokens) if block is None else int(block)
-        if block < 16 or block & (block - 1):
-            raise UsageError(f"block must be a power of two from 16, got {block}")
+        if block < 16 or block > MAX_BLOCK or block & (block - 1):
+            raise UsageError(f"block must be a power of two from 16 to {MAX_BLOCK}, got "
+                             f"{block}")
         if not 0 <= int(k) <= MAX_TOPK:
             raise UsageError(f"k must be between 0 and {MAX_TOPK}, got {k}")
         held = self._summary

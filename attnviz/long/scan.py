@@ -208,6 +208,7 @@ def summarise(capture: LongCapture, *, block: int, k: int) -> Summary:
     for position, layer in enumerate(capture.layers):
         q, keys, lse = capture._operands(layer, None, 0, size)
         scale, window = capture.scales[layer], capture.windows[layer]
+        right = _right_side(keys, features)
         grid_sums = torch.zeros(heads, nb, nb, device=capture.device)
         grid_maxes = torch.zeros(heads, nb, nb, device=capture.device)
         got = torch.zeros(heads, size, dtype=torch.float64, device=capture.device)
@@ -229,7 +230,7 @@ def summarise(capture: LongCapture, *, block: int, k: int) -> Summary:
             weights = s.exp_()  # [head, rows, keys]: the log-weights are not needed again
             chunk = _Chunk(weights, q[:, a0:a1], keys[:, k0:k0 + width], lse[:, a0:a1], scale,
                            a0, k0, size, capture.causal, window)
-            _row_stats(chunk, features[k0:k0 + width], largest, layer_sums, layer_counts)
+            _row_stats(chunk, right[:, k0:k0 + width], largest, layer_sums, layer_counts)
             column_sums = weights.sum(dim=1)  # [head, keys]
             got[:, k0:k0 + width] += column_sums
             row = a0 // block
@@ -272,12 +273,20 @@ class _Chunk:
     window: int | None
 
 
-def _row_stats(chunk: _Chunk, features: torch.Tensor, largest: torch.Tensor,
+def _right_side(keys: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """``[kv_head, T, dim + 4]``: each key, its position, ``sep``, ``punct`` and 1."""
+    kv_heads, size, _dim = keys.shape
+    positions = torch.arange(size, device=keys.device, dtype=torch.float32)[:, None]
+    extra = torch.cat([positions, features, torch.ones(size, 1, device=keys.device)], dim=1)
+    return torch.cat([keys, extra.expand(kv_heads, size, 4)], dim=2)
+
+
+def _row_stats(chunk: _Chunk, right: torch.Tensor, largest: torch.Tensor,
                sums: dict[str, torch.Tensor], counts: dict[str, torch.Tensor]) -> None:
     """Add one chunk's per-row statistics (see :mod:`attnviz.analysis.stats`).
 
     The sums over keys that are linear in the weights come from one matrix product of the
-    weights with ``[keys | position - a0 | sep | punct | 1]``: the entropy from
+    weights with ``right``, the chunk's keys of :func:`_right_side`: the entropy from
     ``sum_j a_ij log a_ij = scale * q_i . (sum_j a_ij k_j) - lse_i * sum_j a_ij``, the
     causal distance from ``sum_j a_ij (i - j)``.
     """
@@ -289,20 +298,17 @@ def _row_stats(chunk: _Chunk, features: torch.Tensor, largest: torch.Tensor,
     a0, k0, size = chunk.a0, chunk.k0, chunk.size
     i = torch.arange(a0, a0 + rows, device=device)
     visible = kernels.visible_counts(a0, a0 + rows, size, chunk.causal, chunk.window, device)
-    relative = torch.arange(k0 - a0, k0 - a0 + width, device=device, dtype=torch.float32)
-    extra = torch.cat([relative[:, None], features,
-                       torch.ones(width, 1, device=device)], dim=1)  # [keys, 4]
-    right = torch.cat([chunk.k, extra.expand(kv_heads, width, 4)], dim=2)  # [kv, keys, dim+4]
     mixed = torch.bmm(weights.reshape(kv_heads, group * rows, width), right)
     mixed = mixed.view(heads, rows, dim + 4)
     row_sum = mixed[..., dim + 3]
     expected_logs = chunk.scale * (chunk.q * mixed[..., :dim]).sum(-1) - chunk.lse * row_sum
     nats = -expected_logs
-    offset = (i - a0).to(torch.float32)[None, :]
+    offset = i.to(torch.float32)[None, :]
     if chunk.causal:
         distance = offset * row_sum - mixed[..., dim]
     else:
-        distances = (relative[None, :] - offset.T).abs()  # [rows, keys]
+        positions = torch.arange(k0, k0 + width, device=device, dtype=torch.float32)
+        distances = (positions[None, :] - offset.T).abs()  # [rows, keys]
         distance = (weights * distances).sum(-1)
 
     def at(step: int) -> torch.Tensor:

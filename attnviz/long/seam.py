@@ -32,6 +32,7 @@ import torch
 import attnviz.long.kernels as kernels
 from attnviz.errors import UsageError
 from attnviz.long.record import (
+    SIDECAR,
     STORAGE_DTYPES,
     LongCapture,
     LongUnsupported,
@@ -281,7 +282,7 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
             a warning in ``meta["warnings"]``).
         dtype: how queries and keys are stored: ``float32``, ``float16`` or ``bfloat16``
             (log-sum-exp is always float32).
-        folder: where the files go (created; must not hold another capture's files); a
+        folder: where the files go (created; a capture already there is replaced); a
             temporary folder removed with the capture when ``None``.
         chunk_bytes: bytes one chunk of scores may take.
 
@@ -307,9 +308,11 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
     name = _register(base)
     temporary = folder is None
     target = Path(tempfile.mkdtemp(prefix="attnviz-long-")) if folder is None else Path(folder)
-    from attnviz.fileio import ensure_dir
+    from attnviz.fileio import ensure_dir, remove_file
 
     ensure_dir(target)
+    # An old sidecar out first: a folder whose sidecar is there describes the arrays beside it.
+    remove_file(target / SIDECAR, target)
     recorder = _Recorder(layers=sorted(keep), folder=target, dtype=dtype, budget=chunk_bytes)
     token = _ACTIVE.set(recorder)
     try:
