@@ -37,14 +37,20 @@ are inflated and noisy; ratios are within the run)::
        512 alti             107.254     41.7     547.9      4.1
        512 value-zeroing    886.328    344.8     652.4      4.9
 
+After that run ``norm-res-ln`` changed to the Gram-matrix form (below); rerun at 512 tokens,
+lighter load: eager 0.54 s, 110 MiB; norm 0.87 s (1.6x), 314 MiB (2.9x); norm-res-ln 4.27 s
+(7.9x, was 36x), 391 MiB (3.6x).
+
 What dominates:
 
 * ``norm``: one eager pass plus ``||f(x_j)||`` per head; about the eager time, and twice its
   memory (the float64 copy of each layer's attention).
-* ``norm-res-ln`` and ``alti``: building the per-source vectors ``[query, key, model]`` of every
-  layer, ``layers * tokens^2 * model`` float64 values (``alti`` adds the L1 distances), so the
-  time grows with ``tokens^2`` where the eager pass grows more slowly; the query chunks
+* ``alti``: building the per-source vectors ``[query, key, model]`` of every layer,
+  ``layers * tokens^2 * model`` float64 values, and their L1 distances, so the time grows with
+  ``tokens^2 * model`` where the eager pass grows more slowly; the query chunks
   (``CHUNK_BYTES``, 64 MiB) cap the memory at a few hundred MiB at any length.
+* ``norm-res-ln``: needs only lengths, so it never builds those vectors: a quadratic form over
+  each key's ``heads x heads`` Gram matrix, ``layers * tokens^2 * heads^2`` operations.
 * ``value-zeroing``: ``layers * tokens`` reruns of a layer over ``tokens`` tokens in float64,
   mostly the feed-forward block: ``tokens^2`` growth and by far the slowest; memory is the
   batches of zeroed copies (about 256 MiB of attention per batch) and the float64 layer copy.
