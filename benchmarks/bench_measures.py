@@ -14,8 +14,46 @@ Ratios are against ``eager`` at the same length, in the same run.
 
 Run::
 
-    python benchmarks/bench_measures.py                        # 64, 256, 512 tokens
+    python benchmarks/bench_measures.py                        # 64, 256, 512 tokens: ~30 min
     python benchmarks/bench_measures.py --lengths 64 --measures norm alti
+
+One run on a shared two-core machine under heavy load (load average about 10, so absolute times
+are inflated and noisy; ratios are within the run)::
+
+    tokens measure           time s  x eager  RSS +MiB  x eager
+        64 eager              0.673      1.0       7.6      1.0
+        64 norm               1.301      1.9      20.2      2.6
+        64 norm-res-ln        2.408      3.6     107.7     14.1
+        64 alti               2.847      4.2     111.0     14.5
+        64 value-zeroing     15.769     23.4     296.7     38.8
+       256 eager              1.593      1.0      47.7      1.0
+       256 norm               1.656      1.0     107.3      2.2
+       256 norm-res-ln       20.826     13.1     319.9      6.7
+       256 alti              29.492     18.5     327.0      6.9
+       256 value-zeroing    328.597    206.3     622.6     13.0
+       512 eager              2.570      1.0     132.5      1.0
+       512 norm               3.036      1.2     286.4      2.2
+       512 norm-res-ln       93.075     36.2     524.6      4.0
+       512 alti             107.254     41.7     547.9      4.1
+       512 value-zeroing    886.328    344.8     652.4      4.9
+
+After that run ``norm-res-ln`` changed to the Gram-matrix form (below); rerun at 512 tokens,
+lighter load: eager 0.54 s, 110 MiB; norm 0.87 s (1.6x), 314 MiB (2.9x); norm-res-ln 4.27 s
+(7.9x, was 36x), 391 MiB (3.6x).
+
+What dominates:
+
+* ``norm``: one eager pass plus ``||f(x_j)||`` per head; about the eager time, and twice its
+  memory (the float64 copy of each layer's attention).
+* ``alti``: building the per-source vectors ``[query, key, model]`` of every layer,
+  ``layers * tokens^2 * model`` float64 values, and their L1 distances, so the time grows with
+  ``tokens^2 * model`` where the eager pass grows more slowly; the query chunks
+  (``CHUNK_BYTES``, 64 MiB) cap the memory at a few hundred MiB at any length.
+* ``norm-res-ln``: needs only lengths, so it never builds those vectors: a quadratic form over
+  each key's ``heads x heads`` Gram matrix, ``layers * tokens^2 * heads^2`` operations.
+* ``value-zeroing``: ``layers * tokens`` reruns of a layer over ``tokens`` tokens in float64,
+  mostly the feed-forward block: ``tokens^2`` growth and by far the slowest; memory is the
+  batches of zeroed copies (about 256 MiB of attention per batch) and the float64 layer copy.
 """
 
 from __future__ import annotations

@@ -404,8 +404,20 @@ def test_check_supported_reads_the_config_alone(gpt2_case: Case) -> None:
 def test_small_query_chunks_give_the_same_numbers(bert_case: Case, monkeypatch) -> None:
     import attnviz.measures._collect as collect_module
 
-    whole = {name: _compute(bert_case, name) for name in ("alti", "norm-res-ln")}
+    whole = {name: _compute(bert_case, name) for name in ("alti",)}
     monkeypatch.setattr(collect_module, "CHUNK_BYTES", 1)  # one query at a time
     for name, layers in whole.items():
         for one, chunked in zip(layers, _compute(bert_case, name)):
             np.testing.assert_allclose(chunked, one, atol=1e-9)
+
+
+def test_a_fused_attention_kernel_is_a_clear_error(tiny_gpt2_dir) -> None:
+    from transformers import AutoModel
+
+    from attnviz.errors import ModelLoadError
+
+    model = AutoModel.from_pretrained(tiny_gpt2_dir, attn_implementation="sdpa").eval()
+    for name in ("norm", "weights"):
+        with pytest.raises(ModelLoadError) as info:
+            measures.compute(name, model, {"input_ids": torch.tensor([[5, 6, 7]])}, model.config)
+        assert "attn_implementation=\"eager\"" in str(info.value)
