@@ -280,6 +280,20 @@ def test_rollout_of_norm(invoke: Any, cli_minilm: Any, tmp_path: Path,
     assert "each head's rows were scaled" in " ".join(flowed.stderr.split())
 
 
+def test_rollout_of_alti_multiplies_its_layers_without_the_identity(
+        invoke: Any, cli_minilm: Any, minilm: Any, tmp_path: Path) -> None:
+    alti = reference(minilm, measure="alti")
+    result = invoke("rollout", SENTENCE, "--measure", "alti", "-o", tmp_path / "alti.png")
+    assert result.exit_code == 0, result.output
+    assert "holds the residual path already" in " ".join(result.stderr.split())
+    expected = None
+    for layer in range(alti.shape[0]):  # Ferrando et al.: a plain product, lowest layer first
+        fused = alti[layer].mean(axis=0)
+        fused = fused / fused.sum(-1, keepdims=True)
+        expected = fused if expected is None else fused @ expected
+    np.testing.assert_allclose(np.load(tmp_path / "alti.npy"), expected, atol=1e-5)
+
+
 def test_html_report_names_the_measure(invoke: Any, cli_minilm: Any, tmp_path: Path,
                                        norm_ref: np.ndarray) -> None:
     from attnviz.render.html import decode_weights, read_report_data

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnviz.analysis.rollout import RolloutResult, fuse_heads, residual_matrix, rollout_view
+from attnviz.analysis.rollout import RolloutResult, layer_matrices, rollout_view
 from attnviz.capture import Capture
 from attnviz.errors import UsageError
 
@@ -49,13 +49,15 @@ def check_flow_size(tokens: int, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
 
 
 def flow_weights(weights: np.ndarray, head_fusion: str = "mean",
-                 max_tokens: int = DEFAULT_MAX_TOKENS) -> np.ndarray:
+                 max_tokens: int = DEFAULT_MAX_TOKENS, *, residual: bool = True) -> np.ndarray:
     """Attention flow through a stack of consecutive layers.
 
     Args:
         weights: ``[layer, head, query, key]`` attention of consecutive layers, lowest first.
         head_fusion: ``mean``, ``max`` or ``min`` over the heads.
         max_tokens: refuse more tokens than this (see the module's note on cost).
+        residual: mix in the identity for the residual connection (``False`` for a measure
+            that holds it already; see :func:`attnviz.analysis.rollout.layer_matrices`).
 
     Returns:
         ``[query, key]`` float64 matrix: row ``i`` is the maximum flow from token ``i`` at the top
@@ -71,7 +73,7 @@ def flow_weights(weights: np.ndarray, head_fusion: str = "mean",
         raise ValueError("flow needs weights [layer, head, query, key] with at least one layer")
     layers, tokens = weights.shape[0], weights.shape[-1]
     check_flow_size(tokens, max_tokens)
-    per_layer = residual_matrix(fuse_heads(weights, head_fusion))  # [layer, query, key]
+    per_layer = layer_matrices(weights, head_fusion, residual=residual)  # [layer, query, key]
     graph = nx.DiGraph()
     for layer in range(layers):
         for i in range(tokens):

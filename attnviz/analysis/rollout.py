@@ -17,11 +17,16 @@ tokens, which every later token can see: rollout favours early tokens there.
 A capture of another measure (``norm``, ``alti``...; ``capture.measure``) is rolled out (or
 flowed) the same way from its per-layer matrices. The rows of ``norm`` and ``norm-res-ln`` are
 amounts, not distributions: each head's rows are first scaled to sum to 1, and titles say so;
-``alti`` and ``value-zeroing`` rows already sum to 1 and are used as they are.
+``alti`` and ``value-zeroing`` rows already sum to 1 and are used as they are. ``norm-res-ln``,
+``alti`` and ``value-zeroing`` already hold the residual connection, so their layers are
+multiplied as they are, without the identity mixed in (``R_l = A_l @ R_{l-1}`` with
+``A_l = rownorm(fuse(heads))``), as their authors roll them out (Ferrando et al.'s
+``compute_joint_attention(..., res=False)``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +40,8 @@ from attnviz.errors import UsageError
 
 HeadFusion = Literal["mean", "max", "min"]
 FUSIONS: tuple[str, ...] = ("mean", "max", "min")
+#: Measures whose per-layer matrices already include the residual connection.
+RESIDUAL_INSIDE: frozenset[str] = frozenset({"norm-res-ln", "alti", "value-zeroing"})
 
 
 def fuse_heads(weights: np.ndarray, how: str = "mean") -> np.ndarray:
@@ -59,19 +66,33 @@ def residual_matrix(fused: np.ndarray) -> np.ndarray:
     return mixed / mixed.sum(axis=-1, keepdims=True)  # > 0: the diagonal is at least 0.5
 
 
-def rollout_weights(weights: np.ndarray, head_fusion: str = "mean") -> np.ndarray:
+def layer_matrices(weights: np.ndarray, head_fusion: str = "mean", *,
+                   residual: bool = True) -> np.ndarray:
+    """``[layer, query, key]`` row-stochastic matrices of a stack of layers: the fused heads with
+    the identity mixed in (:func:`residual_matrix`), or, with ``residual=False`` (a measure that
+    holds the residual already), the fused heads' rows scaled to sum to 1."""
+    fused = fuse_heads(weights, head_fusion)
+    if residual:
+        return residual_matrix(fused)
+    sums = fused.sum(axis=-1, keepdims=True)
+    return np.divide(fused, sums, out=np.zeros_like(fused), where=sums > 0)
+
+
+def rollout_weights(weights: np.ndarray, head_fusion: str = "mean", *,
+                    residual: bool = True) -> np.ndarray:
     """Rollout of a stack of consecutive layers.
 
     Args:
         weights: ``[layer, head, query, key]`` attention of consecutive layers, lowest first.
         head_fusion: ``mean``, ``max`` or ``min`` over the heads.
+        residual: mix in the identity for the residual connection (see :func:`layer_matrices`).
 
     Returns:
         ``[query, key]`` float64 matrix whose rows sum to 1.
     """
     if weights.ndim != 4 or weights.shape[0] == 0:
         raise ValueError("rollout needs weights [layer, head, query, key] with at least one layer")
-    per_layer = residual_matrix(fuse_heads(weights, head_fusion))  # [layer, query, key]
+    per_layer = layer_matrices(weights, head_fusion, residual=residual)  # [layer, query, key]
     result = per_layer[0]
     for matrix in per_layer[1:]:
         result = matrix @ result
@@ -79,7 +100,7 @@ def rollout_weights(weights: np.ndarray, head_fusion: str = "mean") -> np.ndarra
 
 
 def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0,
-            combine: Callable[[np.ndarray, str], np.ndarray] = rollout_weights) -> np.ndarray:
+            combine: Callable[..., np.ndarray] = rollout_weights) -> np.ndarray:
     """Attention rollout of a capture from ``start_layer`` to its last layer.
 
     Args:
@@ -117,6 +138,8 @@ def rollout(capture: Capture, head_fusion: str = "mean", start_layer: int = 0,
     weights = np.asarray(capture.weights[positions], dtype=np.float64)
     if not capture.rows_sum_to_one:  # a measure's amounts (norm): each head's rows to sum to 1
         weights = row_normalised(weights)
+    if capture.measure in RESIDUAL_INSIDE:  # the residual is in the measure already
+        combine = functools.partial(combine, residual=False)
     return combine(weights, head_fusion)
 
 
@@ -152,7 +175,7 @@ class RolloutResult:
 
 def rollout_view(view: Capture, head_fusion: str = "mean", start_layer: int = 0,
                  token: str | None = None,
-                 combine: Callable[[np.ndarray, str], np.ndarray] = rollout_weights,
+                 combine: Callable[..., np.ndarray] = rollout_weights,
                  method: str = "rollout") -> RolloutResult:
     """Rollout of a capture (as shown: words merged or specials dropped) and its titles.
 

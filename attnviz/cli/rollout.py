@@ -58,7 +58,9 @@ ROLLOUT_HELP = "\n\n".join([
     "model rollout favours early tokens.",
     "--measure combines that measure's per-layer matrices the same way (rollout or flow); the "
     "rows of norm and norm-res-ln are amounts, so each head's rows are first scaled to sum to "
-    "1 (the command says so); alti and value-zeroing rows already sum to 1.",
+    "1 (the command says so); alti and value-zeroing rows already sum to 1. norm-res-ln, alti "
+    "and value-zeroing hold the residual path already, so their layers are multiplied without "
+    "the identity mixed in (as their authors roll them out).",
     "--method flow computes attention flow instead (Abnar and Zuidema, 2020): the maximum flow "
     "from each top token to each input token through the graph whose edge capacities are the "
     "same matrices A, rows divided by their sums. It solves tokens^2 maximum-flow problems on "
@@ -152,7 +154,7 @@ def rollout_command(
         raise UsageError(f"--npy {npy} must end in .npy")
     check_distinct_outputs(out=out, bar=bar)  # before any work; the defaults again below
     from attnviz.analysis.flow import flow_view
-    from attnviz.analysis.rollout import rollout_view, save_matrix
+    from attnviz.analysis.rollout import RESIDUAL_INSIDE, rollout_view, save_matrix
     from attnviz.render import analysis as figures
     from attnviz.render.heatmap import check_cmap, save_figure
 
@@ -172,6 +174,9 @@ def rollout_command(
     if not view.rows_sum_to_one:
         warn(f"{view.measure} rows are amounts, not distributions: each head's rows were "
              "scaled to sum to 1 before the heads were fused and the layers combined")
+    if view.measure in RESIDUAL_INSIDE:
+        warn(f"{view.measure} holds the residual path already: its layers were multiplied "
+             "without mixing in the identity")
     if view.causal:
         warn("rollout on a causal model favours early tokens: every later token sees them, so "
              "the product of lower-triangular matrices piles weight on the first positions. "
