@@ -173,6 +173,10 @@ class LongPath:
             return request.long
         if (request.measure or "weights") != "weights":
             return False  # the long path holds weights only; a measure's own bounds apply
+        from attnviz.models import TOY_MODEL
+
+        if request.spec.name == TOY_MODEL:
+            return False  # no long path; the toy model's own token limit and memory guard apply
         limit = max_full_bytes()
         if self._full_size(request, self._token_bound(request, text, pair))[0] <= limit:
             return False

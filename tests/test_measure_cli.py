@@ -280,20 +280,6 @@ def test_rollout_of_norm(invoke: Any, cli_minilm: Any, tmp_path: Path,
     assert "each head's rows were scaled" in " ".join(flowed.stderr.split())
 
 
-def test_rollout_of_alti_multiplies_its_layers_without_the_identity(
-        invoke: Any, cli_minilm: Any, minilm: Any, tmp_path: Path) -> None:
-    alti = reference(minilm, measure="alti")
-    result = invoke("rollout", SENTENCE, "--measure", "alti", "-o", tmp_path / "alti.png")
-    assert result.exit_code == 0, result.output
-    assert "holds the residual path already" in " ".join(result.stderr.split())
-    expected = None
-    for layer in range(alti.shape[0]):  # Ferrando et al.: a plain product, lowest layer first
-        fused = alti[layer].mean(axis=0)
-        fused = fused / fused.sum(-1, keepdims=True)
-        expected = fused if expected is None else fused @ expected
-    np.testing.assert_allclose(np.load(tmp_path / "alti.npy"), expected, atol=1e-5)
-
-
 def test_html_report_names_the_measure(invoke: Any, cli_minilm: Any, tmp_path: Path,
                                        norm_ref: np.ndarray) -> None:
     from attnviz.render.html import decode_weights, read_report_data
@@ -420,9 +406,12 @@ def test_alti_rows_are_distributions_so_nothing_is_rescaled(invoke: Any, cli_min
     out = tmp_path / "roll.png"
     rolled = invoke("rollout", SENTENCE, "--measure", "alti", "-o", out)
     assert rolled.exit_code == 0 and "scaled" not in rolled.stderr, rolled.output
+    # ALTI holds the residual path: its layers are multiplied as they are (Ferrando et al.'s
+    # compute_joint_attention(..., res=False)), no 0.5 I mixed in.
+    assert "holds the residual path already" in " ".join(rolled.stderr.split())
     result = None
     for layer in range(expected.shape[0]):
-        fused = 0.5 * expected[layer].mean(axis=0) + 0.5 * np.eye(expected.shape[-1])
+        fused = expected[layer].mean(axis=0)
         fused /= fused.sum(-1, keepdims=True)
         result = fused if result is None else fused @ result
     np.testing.assert_allclose(np.load(tmp_path / "roll.npy"), result, atol=1e-5)

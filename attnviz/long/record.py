@@ -107,7 +107,14 @@ class LongCapture:
         scales: per recorded layer, the ``scaling`` the attention function got.
         model, text, pair, meta, folder, dtype: where it came from and where it lives.
         device: where the arithmetic runs (``"cpu"`` by default; any torch device).
+        measure, measure_label, rows_sum_to_one: as a full capture's: a long
+            capture holds attention weights (the measures of :mod:`attnviz.measures` need the
+            full path).
     """
+
+    measure = "weights"
+    measure_label = ""
+    rows_sum_to_one = True
 
     def __init__(self, folder: Path, sidecar: dict[str, Any], mmap: bool = True) -> None:
         self.folder = folder

@@ -71,6 +71,10 @@ class ServerError(AttnvizError):
     """The server cannot be reached, needs a token, or did not answer with attnviz's API."""
 
 
+class NotAttnvizAnswer(ServerError):
+    """An answer that is not attnviz's API (e.g. a route an older server does not have)."""
+
+
 def _shown_url(text: str) -> str:
     """An address for a message, without any password or token in it."""
     shown = re.sub(r"//[^/@?#]*@", "//***@", text)  # user:password@
@@ -407,8 +411,9 @@ class RemoteSession(Session):
             info = json.loads(raw)["error"]
             message, hint, kind = _clean(info["message"]), info.get("hint"), str(info.get("type"))
         except (ValueError, KeyError, TypeError, RecursionError):
-            return ServerError(f"the server at {self.url} answered HTTP {status}, not with "
-                               "attnviz's API", "check that --server points at 'attnviz serve'")
+            return NotAttnvizAnswer(f"the server at {self.url} answered HTTP {status}, not with "
+                                    "attnviz's API",
+                                    "check that --server points at 'attnviz serve'")
         hint = None if hint is None else _clean(hint)
         if kind == "LongUnsupported":  # the model cannot take the long path: a fallback
             from attnviz.long import LongUnsupported
@@ -577,11 +582,14 @@ class RemoteSession(Session):
         body = {**self._model_fields(spec), "text": text, "pair": pair,
                 "layers": request.layers, "heads": request.heads,
                 "max_tokens": request.max_tokens, "truncate": request.truncate}
-        answer = self.request("POST", "/api/long/plan", body)
+        try:
+            answer = self.request("POST", "/api/long/plan", body)
+        except NotAttnvizAnswer:
+            answer = None
         if not isinstance(answer, dict) or not isinstance(answer.get("long"), bool):
-            raise ServerError(f"the server at {self.url} did not say whether the text takes "
-                              "the long path", "check that --server points at 'attnviz serve' "
-                              "of this version")
+            # A server without the long path (an older attnviz): the full capture answers, and
+            # the server's own size limit refuses what it cannot hold.
+            return False
         if answer["long"]:
             self._note("the server takes the long path for this text: a full capture would not "
                        "fit its limit (--no-long asks for the full capture)")
