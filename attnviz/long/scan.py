@@ -267,7 +267,7 @@ def summarise(capture: LongCapture, *, block: int, k: int) -> Summary:
 
 
 #: Bytes of scores per chunk in a whole-capture scan (bigger chunks, fewer torch calls).
-SCAN_BYTES = 64 << 20
+SCAN_BYTES = 8 << 20
 
 
 @dataclass
