@@ -273,7 +273,10 @@ def scan_layer(q: torch.Tensor, keys: torch.Tensor, scale: float, causal: bool,
     device = q.device
     nb = -(-size // block)
     rows = min(kernels.chunk_rows(heads, size, SCAN_BYTES if budget is None else budget), block)
-    right = _right_side(keys, features)
+    # Both products read their key-side operand as [dim, keys] rows (a tenth faster on the
+    # CPU than the transposed view of [keys, dim]): the keys, and the statistics' right side.
+    keys_t = keys.transpose(1, 2).contiguous()  # [kv_head, dim, T]
+    right_t = _right_side(keys, features).transpose(1, 2).contiguous()  # [kv, dim + 4, T]
     lse = torch.empty(heads, size, dtype=torch.float32, device=device)
     grid_sums = torch.zeros(heads, nb, nb, device=device)
     grid_maxes = torch.zeros(heads, nb, nb, device=device)
@@ -287,15 +290,17 @@ def scan_layer(q: torch.Tensor, keys: torch.Tensor, scale: float, causal: bool,
         k0, k1 = kernels.key_range(a0, a1, size, causal, window)
         k0, k1 = k0 - k0 % block, min(size, -(-k1 // block) * block)
         width = k1 - k0
-        s = kernels.scores(q[:, a0:a1], keys[:, k0:k1], scale)  # [head, rows, keys]
+        grouped = (q[:, a0:a1] * scale).reshape(kv_heads, group * (a1 - a0), dim)
+        s = torch.bmm(grouped, keys_t[:, :, k0:k1]).view(heads, a1 - a0, width)
         kernels.apply_mask(s, a0, k0, causal, window)
         _c0, block_max = _blocks(s, k0, block, "max")  # [head, rows, key blocks]
         top = block_max.amax(-1, keepdim=True)  # [head, rows, 1]
         if top_indices is not None:
             candidates, positions = _candidates(s, block_max, k, block)
         weights = s.sub_(top).exp_()  # e = exp(s - max), in place: the scores are spent
-        mixed = torch.bmm(weights.reshape(kv_heads, group * (a1 - a0), width),
-                          right[:, k0:k1]).view(heads, a1 - a0, dim + 4)
+        mixed = torch.bmm(right_t[:, :, k0:k1],
+                          weights.reshape(kv_heads, group * (a1 - a0), width).transpose(1, 2))
+        mixed = mixed.transpose(1, 2).reshape(heads, a1 - a0, dim + 4)  # [head, rows, dim+4]
         factor = 1.0 / mixed[..., dim + 3]  # 1 / z: the row's largest weight, too
         chunk_lse = top[..., 0] - factor.log()
         lse[:, a0:a1] = chunk_lse
