@@ -115,10 +115,12 @@ def _check_against_eager(source: Any, text: str = TEXT, tolerance: float = 1e-5,
     from attnviz.long import capture_long
 
     # summary: the statistics, received attention, atlas and top-k come from the capture's
-    # own pass over the scores rather than from a later scan.
-    cap = capture_long(source, text, summary=True, k=4) if summary else capture_long(source,
-                                                                                      text)
+    # own pass over the scores rather than from a later scan; 16-token blocks, so later rows
+    # rank only the keys of their 4 strongest blocks (the candidates).
+    cap = (capture_long(source, text, summary=True, block=16, k=4) if summary else
+           capture_long(source, text))
     assert (cap._summary is not None) == summary
+    assert not summary or cap.num_tokens > 4 * 16
     reference = source.capture(text)
     weights = np.asarray(reference.weights)  # [layer, head, query, key]
     size = weights.shape[-1]

@@ -296,7 +296,7 @@ def scan_layer(q: torch.Tensor, keys: torch.Tensor, scale: float, causal: bool,
         _c0, block_max = _blocks(s, k0, block, "max")  # [head, rows, key blocks]
         top = block_max.amax(-1, keepdim=True)  # [head, rows, 1]
         if top_indices is not None:
-            candidates, positions = _candidates(s, block_max, k, block)
+            best, positions = _top_scores(s, block_max, k, block)
         weights = s.sub_(top).exp_()  # e = exp(s - max), in place: the scores are spent
         mixed = torch.bmm(right_t[:, :, k0:k1],
                           weights.reshape(kv_heads, group * (a1 - a0), width).transpose(1, 2))
@@ -306,7 +306,7 @@ def scan_layer(q: torch.Tensor, keys: torch.Tensor, scale: float, causal: bool,
         lse[:, a0:a1] = chunk_lse
         mixed *= factor[..., None]
         if top_indices is not None and top_values is not None:
-            index, value = _topk_candidates(candidates, positions, chunk_lse, k, k0)
+            index, value = _topk_weights(best, positions, chunk_lse, k, k0)
             top_indices[:, a0:a1] = index.cpu().numpy()
             top_values[:, a0:a1] = value.cpu().numpy()
         chunk = _Chunk(weights, q[:, a0:a1], keys[:, k0:k1], chunk_lse, scale, a0, k0, size,
@@ -329,28 +329,34 @@ def scan_layer(q: torch.Tensor, keys: torch.Tensor, scale: float, causal: bool,
                      top_values=top_values)
 
 
-def _candidates(s: torch.Tensor, block_max: torch.Tensor, k: int,
+def _top_scores(s: torch.Tensor, block_max: torch.Tensor, k: int,
                 block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The scores of the ``k`` key blocks of largest maxima per row (every block when there
-    are fewer) and their key positions in the chunk: ``[head, rows, blocks * block]`` each;
-    positions past the chunk's keys score :data:`kernels.MASKED` times 2."""
+    """The ``min(k, keys)`` largest scores of each row and their key positions in the chunk
+    (``[head, rows, width]`` each), strongest first. A row's ``k`` largest scores lie in its
+    ``k`` blocks of largest maxima: only those are ranked when they are fewer keys than the
+    row (positions past the chunk's keys score :data:`kernels.MASKED` times 2)."""
     width = s.shape[-1]
-    picked = torch.topk(block_max, min(k, block_max.shape[-1]), dim=-1).indices
+    blocks = min(k, block_max.shape[-1])
+    if blocks * block >= width:
+        values, order = torch.topk(s, min(k, width), dim=-1)
+        return values, order
+    picked = torch.topk(block_max, blocks, dim=-1).indices
     offsets = torch.arange(block, device=s.device)
     positions = (picked[..., None] * block + offsets).flatten(-2)  # [head, rows, c]
     inside = positions < width
-    values = s.gather(-1, positions.clamp(max=width - 1))
-    return torch.where(inside, values, 2 * kernels.MASKED), positions
+    candidates = torch.where(inside, s.gather(-1, positions.clamp(max=width - 1)),
+                             2 * kernels.MASKED)
+    values, order = torch.topk(candidates, min(k, width), dim=-1)
+    return values, positions.gather(-1, order)
 
 
-def _topk_candidates(candidates: torch.Tensor, positions: torch.Tensor, lse: torch.Tensor,
-                     k: int, k0: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-``k`` of the candidate scores: key positions (``-1`` where masked) and weights
-    ``exp(score - lse)``."""
-    width = min(k, candidates.shape[-1])
-    values, order = torch.topk(candidates, width, dim=-1)
+def _topk_weights(values: torch.Tensor, positions: torch.Tensor, lse: torch.Tensor, k: int,
+                  k0: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top scores to key positions (``-1`` where masked) and weights ``exp(score - lse)``,
+    padded to ``k``."""
+    width = values.shape[-1]
     masked = values < kernels.MASKED_BELOW
-    index = torch.where(masked, -1, positions.gather(-1, order) + k0)
+    index = torch.where(masked, -1, positions + k0)
     weights = torch.where(masked, 0.0, (values - lse[..., None]).exp())
     if width < k:
         index = torch.nn.functional.pad(index, (0, k - width), value=-1)
