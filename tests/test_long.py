@@ -110,10 +110,17 @@ def _expected_stats(weights: np.ndarray, capture: Any, windows: dict[int, int | 
     return means
 
 
-def _check_against_eager(source: Any, text: str = TEXT, tolerance: float = 1e-5) -> Any:
+def _check_against_eager(source: Any, text: str = TEXT, tolerance: float = 1e-5,
+                         summary: bool = False) -> Any:
     from attnviz.long import capture_long
 
-    cap = capture_long(source, text)
+    # summary: the statistics, received attention, atlas and top-k come from the capture's
+    # own pass over the scores rather than from a later scan; 16-token blocks, so later rows
+    # rank only the keys of their 4 strongest blocks (the candidates).
+    cap = (capture_long(source, text, summary=True, block=16, k=4) if summary else
+           capture_long(source, text))
+    assert (cap._summary is not None) == summary
+    assert not summary or cap.num_tokens > 4 * 16
     reference = source.capture(text)
     weights = np.asarray(reference.weights)  # [layer, head, query, key]
     size = weights.shape[-1]
@@ -145,6 +152,20 @@ def _check_against_eager(source: Any, text: str = TEXT, tolerance: float = 1e-5)
             np.testing.assert_allclose(maxes, want_maxes, atol=tolerance)
             np.testing.assert_allclose(cap.received(layer, head),
                                        weights[position, head].sum(axis=0), atol=1e-4)
+        if summary:  # every head's top-4 of the summary
+            held = cap._summary
+            for head in range(cap.num_heads):
+                matrix = weights[position, head]
+                indices = held.top_indices[position, head]
+                values = held.top_values[position, head]
+                visible = indices >= 0
+                order = np.argsort(-matrix, axis=1, kind="stable")[:, :4]
+                top = np.take_along_axis(matrix, order, axis=1)
+                picked = np.take_along_axis(matrix, np.maximum(indices, 0), 1)
+                np.testing.assert_allclose(np.where(visible, picked, 0),
+                                           np.where(visible, top, 0), atol=tolerance)
+                np.testing.assert_allclose(values, np.where(visible, top, 0), atol=tolerance)
+                assert not np.any(top[~visible] > 0)
         mean = weights[position].mean(axis=0)
         np.testing.assert_allclose(cap.tile(layer, "mean", 0, size, 0, size), mean,
                                    atol=tolerance)
@@ -181,14 +202,16 @@ def _check_against_eager(source: Any, text: str = TEXT, tolerance: float = 1e-5)
     return cap
 
 
-def test_llama_gqa_equals_eager(llama: Any) -> None:
-    cap = _check_against_eager(llama)
+@pytest.mark.parametrize("summary", [False, True])
+def test_llama_gqa_equals_eager(llama: Any, summary: bool) -> None:
+    cap = _check_against_eager(llama, summary=summary)
     assert cap.num_kv_heads == 2 and cap.window is None and cap.causal
     assert cap.meta["kernel"] == "sdpa"  # the model's fused kernel ran, not eager
 
 
-def test_mistral_sliding_window_equals_eager(mistral: Any) -> None:
-    cap = _check_against_eager(mistral)
+@pytest.mark.parametrize("summary", [False, True])
+def test_mistral_sliding_window_equals_eager(mistral: Any, summary: bool) -> None:
+    cap = _check_against_eager(mistral, summary=summary)
     assert cap.window == 16 and cap.num_tokens > 3 * 16
     row = cap.rows(1, 2, 100, 101)[0]
     assert np.count_nonzero(row) == 16 and row[85:101].all()  # keys 85..100 only
@@ -204,8 +227,9 @@ def test_gpt2_equals_eager(gpt2: Any) -> None:
     assert cap.num_kv_heads == cap.num_heads == 4
 
 
-def test_minilm_bidirectional_equals_eager(minilm: Any) -> None:
-    cap = _check_against_eager(minilm)
+@pytest.mark.parametrize("summary", [False, True])
+def test_minilm_bidirectional_equals_eager(minilm: Any, summary: bool) -> None:
+    cap = _check_against_eager(minilm, summary=summary)
     assert not cap.causal and cap.num_heads == 12
 
 
@@ -305,6 +329,12 @@ def test_bad_requests_are_usage_errors(llama: Any) -> None:
         cap.atlas(0, 0, 48)
     with pytest.raises(UsageError, match="threshold"):
         cap.sinks(1.5)
+    with pytest.raises(UsageError, match="pass summary=True"):
+        capture_long(llama, "The cat", k=3)
+    with pytest.raises(UsageError, match="block must be a power of two"):
+        capture_long(llama, "The cat", summary=True, block=48)
+    with pytest.raises(UsageError, match="k must be between 0 and"):
+        capture_long(llama, "The cat", summary=True, k=5000)
     with pytest.raises(UsageError, match="invalid dtype"):
         capture_long(llama, "The cat", dtype="int8")
     indices, values = cap.topk(0, 0, 1000)  # more keys than the text has: every key, ranked

@@ -85,6 +85,25 @@ def write_sidecar(folder: Path, sidecar: dict[str, Any]) -> None:
                       root=folder)
 
 
+def check_summary(size: int, block: int | None, k: int) -> int:
+    """Check a summary's atlas ``block`` and top ``k``; returns the block (by default the
+    finest from 64 up that keeps the grid within 512 x 512 cells).
+
+    Raises:
+        UsageError: a block that is not a power of two from 16 to :data:`MAX_BLOCK`, or ``k``
+            outside 0 to :data:`MAX_TOPK`.
+    """
+    from attnviz.long.scan import auto_block
+
+    block = auto_block(size) if block is None else int(block)
+    if block < 16 or block > MAX_BLOCK or block & (block - 1):
+        raise UsageError(f"block must be a power of two from 16 to {MAX_BLOCK}, got {block}",
+                         "use 64, 256 or 1024")
+    if not 0 <= int(k) <= MAX_TOPK:
+        raise UsageError(f"k must be between 0 and {MAX_TOPK}, got {k}")
+    return block
+
+
 def load_long(folder: str | Path, mmap: bool = True) -> LongCapture:
     """Open a long capture saved by :func:`attnviz.long.capture_long` or
     :meth:`LongCapture.save` (memory-mapped unless ``mmap`` is off).
@@ -380,14 +399,9 @@ class LongCapture:
         received, the atlas at ``block`` (coarser levels are pooled from it; by default the
         finest block from 64 up that keeps the grid within 512 x 512) and, with ``k > 0``,
         every head's top-``k`` keys per query. Kept, so later calls are free."""
-        from attnviz.long.scan import auto_block, summarise
+        from attnviz.long.scan import summarise
 
-        block = auto_block(self.num_tokens) if block is None else int(block)
-        if block < 16 or block > MAX_BLOCK or block & (block - 1):
-            raise UsageError(f"block must be a power of two from 16 to {MAX_BLOCK}, got "
-                             f"{block}")
-        if not 0 <= int(k) <= MAX_TOPK:
-            raise UsageError(f"k must be between 0 and {MAX_TOPK}, got {k}")
+        block = check_summary(self.num_tokens, block, k)
         held = self._summary
         if held is None or held.block > block or held.k < k:
             self._summary = summarise(self, block=block, k=min(int(k), self.num_tokens))

@@ -178,11 +178,15 @@ def atlas_head(capture: LongCapture, layer: int, head: int | None,
 
 
 def _key_features(capture: LongCapture) -> torch.Tensor:
+    return key_features(capture.display_tokens, capture.special)
+
+
+def key_features(display_tokens: list[str], special: list[bool]) -> torch.Tensor:
     """``[T, 2]``: special tokens after position 0 (``sep``) and punctuation (``punct``)."""
-    special = np.asarray(capture.special, dtype=bool)
-    sep = special & (np.arange(capture.num_tokens) > 0)
-    punct = np.array([not s and is_punctuation(t)
-                      for t, s in zip(capture.display_tokens, capture.special)], dtype=bool)
+    flags = np.asarray(special, dtype=bool)
+    sep = flags & (np.arange(len(flags)) > 0)
+    punct = np.array([not s and is_punctuation(t) for t, s in zip(display_tokens, special)],
+                     dtype=bool)
     return torch.from_numpy(np.stack([sep, punct], axis=1).astype(np.float32))
 
 
@@ -196,74 +200,168 @@ def auto_block(size: int) -> int:
 
 
 def summarise(capture: LongCapture, *, block: int, k: int) -> Summary:
-    """Statistics, received attention, the atlas and (``k > 0``) top-k of every head.
-
-    Chunks never straddle a ``block`` boundary of queries, so the column sums and maxima of
-    a chunk (``[head, keys]``, which give the attention received too) are its atlas row.
-    """
-    size, heads = capture.num_tokens, capture.num_heads
-    layers = len(capture.layers)
-    nb = -(-size // block)
+    """Statistics, received attention, the atlas and (``k > 0``) top-k of every head, one
+    layer at a time with :func:`scan_layer` (the log-sum-exp recomputed on the way)."""
     features = _key_features(capture).to(capture.device)
-    sums = {key: np.zeros((layers, heads)) for key in STAT_KEYS}
-    counts = {key: np.zeros((layers, heads)) for key in STAT_KEYS}
-    received = np.zeros((layers, heads, size))
-    atlas_sums = np.zeros((layers, heads + 1, nb, nb), dtype=np.float32)
-    atlas_maxes = np.zeros((layers, heads + 1, nb, nb), dtype=np.float32)
-    atlas_maxes[:, heads] = np.nan
-    top_indices = np.empty((layers, heads, size, k), dtype=np.int64) if k else None
-    top_values = np.empty((layers, heads, size, k), dtype=np.float32) if k else None
-    for position, layer in enumerate(capture.layers):
-        q, keys, lse = capture._operands(layer, None, 0, size)
-        scale, window = capture.scales[layer], capture.windows[layer]
-        right = _right_side(keys, features)
-        grid_sums = torch.zeros(heads, nb, nb, device=capture.device)
-        grid_maxes = torch.zeros(heads, nb, nb, device=capture.device)
-        got = torch.zeros(heads, size, dtype=torch.float64, device=capture.device)
-        layer_sums = {key: torch.zeros(heads, dtype=torch.float64, device=capture.device)
-                      for key in STAT_KEYS}
-        layer_counts = {key: torch.zeros(heads, dtype=torch.float64, device=capture.device)
-                        for key in STAT_KEYS}
-        for a0, a1, k0, s in kernels.log_weight_chunks(q, keys, lse, scale, capture.causal,
-                                                       window, 0, size, budget=SCAN_BYTES,
-                                                       max_rows=block, align=block):
-            width = s.shape[-1]
-            if top_indices is not None and top_values is not None:
-                index, top = _topk_chunk(s, k, k0)
-                top_indices[position, :, a0:a1] = index.cpu().numpy()
-                top_values[position, :, a0:a1] = top.cpu().numpy()
-                largest = top[..., 0]
-            else:
-                largest = s.amax(-1).exp_()
-            weights = s.exp_()  # [head, rows, keys]: the log-weights are not needed again
-            chunk = _Chunk(weights, q[:, a0:a1], keys[:, k0:k0 + width], lse[:, a0:a1], scale,
-                           a0, k0, size, capture.causal, window)
-            _row_stats(chunk, right[:, k0:k0 + width], largest, layer_sums, layer_counts)
-            # Column sums as a product with ones: on the CPU, several times faster than a
-            # reduction over the middle axis.
-            ones = weights.new_ones(heads, 1, weights.shape[1])
-            column_sums = torch.bmm(ones, weights)[:, 0]  # [head, keys]
-            got[:, k0:k0 + width] += column_sums
-            row = a0 // block
-            c0, cells = _blocks(column_sums, k0, block, "sum")
-            grid_sums[:, row, c0:c0 + cells.shape[-1]] += cells
-            # Maxima within key blocks first (contiguous), then over the chunk's rows.
-            c0, cells = _blocks(weights, k0, block, "max")
-            cells = cells.amax(dim=1)  # [head, key blocks]
-            target = grid_maxes[:, row, c0:c0 + cells.shape[-1]]
-            torch.maximum(target, cells, out=target)
-        for key in STAT_KEYS:
-            sums[key][position] = layer_sums[key].cpu().numpy()
-            counts[key][position] = layer_counts[key].cpu().numpy()
-        received[position] = got.cpu().numpy()
-        atlas_sums[position, :heads] = grid_sums.cpu().numpy()
-        atlas_sums[position, heads] = atlas_sums[position, :heads].mean(axis=0)  # linear
-        atlas_maxes[position, :heads] = grid_maxes.cpu().numpy()
-    stats = StatSums(layers=list(capture.layers), heads=list(range(heads)), sums=sums,
-                     counts=counts, texts=1, tokens=size, model=capture.model,
-                     causal=capture.causal)
-    return Summary(block=block, k=k, stats=stats, received=received, atlas_sums=atlas_sums,
+    scans = []
+    for layer in capture.layers:
+        q, keys, _lse = capture._operands(layer, None, 0, capture.num_tokens)
+        scans.append(scan_layer(q, keys, capture.scales[layer], capture.causal,
+                                capture.windows[layer], features, block=block, k=k))
+    return build_summary(scans, layers=list(capture.layers), block=block, k=k,
+                         model=capture.model, causal=capture.causal)
+
+
+@dataclass
+class LayerScan:
+    """One layer's part of a :class:`Summary`, and its log-sum-exp ``[head, T]``."""
+
+    lse: torch.Tensor
+    sums: dict[str, np.ndarray]
+    counts: dict[str, np.ndarray]
+    received: np.ndarray  # [head, T] float64
+    atlas_sums: np.ndarray  # [head, nb, nb]
+    atlas_maxes: np.ndarray
+    top_indices: np.ndarray | None  # [head, T, k]
+    top_values: np.ndarray | None
+
+
+def build_summary(scans: list[LayerScan], *, layers: list[int], block: int, k: int,
+                  model: str, causal: bool) -> Summary:
+    """Stack the layers' scans into a :class:`Summary` (the mean's atlas sums added)."""
+    heads = scans[0].received.shape[0]
+    size = scans[0].received.shape[1]
+    stats = StatSums(layers=list(layers), heads=list(range(heads)),
+                     sums={key: np.stack([s.sums[key] for s in scans]) for key in STAT_KEYS},
+                     counts={key: np.stack([s.counts[key] for s in scans])
+                             for key in STAT_KEYS},
+                     texts=1, tokens=size, model=model, causal=causal)
+    per_head = np.stack([s.atlas_sums for s in scans])  # [layer, head, nb, nb]
+    atlas_sums = np.concatenate([per_head, per_head.mean(axis=1, keepdims=True)], axis=1)
+    maxes = np.stack([s.atlas_maxes for s in scans])
+    atlas_maxes = np.concatenate([maxes, np.full_like(maxes[:, :1], np.nan)], axis=1)
+    top_indices = np.stack([s.top_indices for s in scans]) if k else None  # type: ignore[misc]
+    top_values = np.stack([s.top_values for s in scans]) if k else None  # type: ignore[misc]
+    return Summary(block=block, k=k, stats=stats,
+                   received=np.stack([s.received for s in scans]), atlas_sums=atlas_sums,
                    atlas_maxes=atlas_maxes, top_indices=top_indices, top_values=top_values)
+
+
+def scan_layer(q: torch.Tensor, keys: torch.Tensor, scale: float, causal: bool,
+               window: int | None, features: torch.Tensor, *, block: int, k: int,
+               budget: int | None = None) -> LayerScan:
+    """Every head's log-sum-exp, statistics, received attention, atlas and top-``k`` of one
+    layer, in one pass over its scores.
+
+    Each chunk of query rows is scored against all the keys it sees once: the key-block
+    maxima of the scores give each row's maximum, the atlas maxima
+    (``exp(block max - lse)``) and the top-k candidates (the ``k`` largest weights of a row
+    lie in the ``k`` blocks of largest maxima); the scores are then exponentiated in place
+    (``e = exp(s - max)``), and one product with :func:`_right_side` gives each row's sum
+    ``z`` (so ``lse = max + log z``) and the statistics' linear sums, one more the column sums
+    weighted by ``1 / z``. The weights ``e / z`` are never formed.
+
+    Args:
+        q: ``[head, T, dim]`` float32; ``keys``: ``[kv_head, T, dim]`` float32.
+        features: ``[T, 2]`` float32 key features (:func:`_key_features`).
+        block: the atlas block (a power of two); chunks never straddle one.
+        k: top keys kept per query (0: none).
+    """
+    heads, size, dim = q.shape
+    kv_heads = keys.shape[0]
+    group = heads // kv_heads
+    device = q.device
+    nb = -(-size // block)
+    rows = min(kernels.chunk_rows(heads, size, SCAN_BYTES if budget is None else budget), block)
+    # Both products read their key-side operand as [dim, keys] rows (a tenth faster on the
+    # CPU than the transposed view of [keys, dim]): the keys, and the statistics' right side.
+    keys_t = keys.transpose(1, 2).contiguous()  # [kv_head, dim, T]
+    right_t = _right_side(keys, features).transpose(1, 2).contiguous()  # [kv, dim + 4, T]
+    lse = torch.empty(heads, size, dtype=torch.float32, device=device)
+    grid_sums = torch.zeros(heads, nb, nb, device=device)
+    grid_maxes = torch.zeros(heads, nb, nb, device=device)
+    got = torch.zeros(heads, size, dtype=torch.float64, device=device)
+    sums = {key: torch.zeros(heads, dtype=torch.float64, device=device) for key in STAT_KEYS}
+    counts = {key: torch.zeros(heads, dtype=torch.float64, device=device) for key in STAT_KEYS}
+    top_indices = np.empty((heads, size, k), dtype=np.int64) if k else None
+    top_values = np.empty((heads, size, k), dtype=np.float32) if k else None
+    for a0 in range(0, size, rows):
+        a1 = min(size, a0 + rows)
+        k0, k1 = kernels.key_range(a0, a1, size, causal, window)
+        k0, k1 = k0 - k0 % block, min(size, -(-k1 // block) * block)
+        width = k1 - k0
+        grouped = (q[:, a0:a1] * scale).reshape(kv_heads, group * (a1 - a0), dim)
+        s = torch.bmm(grouped, keys_t[:, :, k0:k1]).view(heads, a1 - a0, width)
+        kernels.apply_mask(s, a0, k0, causal, window)
+        _c0, block_max = _blocks(s, k0, block, "max")  # [head, rows, key blocks]
+        top = block_max.amax(-1, keepdim=True)  # [head, rows, 1]
+        if top_indices is not None:
+            best, positions = _top_scores(s, block_max, k, block)
+        weights = s.sub_(top).exp_()  # e = exp(s - max), in place: the scores are spent
+        mixed = torch.bmm(right_t[:, :, k0:k1],
+                          weights.reshape(kv_heads, group * (a1 - a0), width).transpose(1, 2))
+        mixed = mixed.transpose(1, 2).reshape(heads, a1 - a0, dim + 4)  # [head, rows, dim+4]
+        factor = 1.0 / mixed[..., dim + 3]  # 1 / z: the row's largest weight, too
+        chunk_lse = top[..., 0] - factor.log()
+        lse[:, a0:a1] = chunk_lse
+        mixed *= factor[..., None]
+        if top_indices is not None and top_values is not None:
+            index, value = _topk_weights(best, positions, chunk_lse, k, k0)
+            top_indices[:, a0:a1] = index.cpu().numpy()
+            top_values[:, a0:a1] = value.cpu().numpy()
+        chunk = _Chunk(weights, q[:, a0:a1], keys[:, k0:k1], chunk_lse, scale, a0, k0, size,
+                       causal, window, factor)
+        _row_stats(chunk, mixed, factor, sums, counts)
+        # Column sums as a product (weights 1 / z): on the CPU, several times faster than a
+        # reduction over the middle axis.
+        column_sums = torch.bmm(factor[:, None, :], weights)[:, 0]  # [head, keys]
+        got[:, k0:k1] += column_sums
+        row = a0 // block  # a chunk lies within one block of queries
+        c0, cells = _blocks(column_sums, k0, block, "sum")
+        grid_sums[:, row, c0:c0 + cells.shape[-1]] += cells
+        cells = (block_max - chunk_lse[..., None]).exp_().amax(dim=1)  # [head, key blocks]
+        target = grid_maxes[:, row, c0:c0 + cells.shape[-1]]
+        torch.maximum(target, cells, out=target)
+    return LayerScan(lse=lse, sums={key: value.cpu().numpy() for key, value in sums.items()},
+                     counts={key: value.cpu().numpy() for key, value in counts.items()},
+                     received=got.cpu().numpy(), atlas_sums=grid_sums.cpu().numpy(),
+                     atlas_maxes=grid_maxes.cpu().numpy(), top_indices=top_indices,
+                     top_values=top_values)
+
+
+def _top_scores(s: torch.Tensor, block_max: torch.Tensor, k: int,
+                block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``min(k, keys)`` largest scores of each row and their key positions in the chunk
+    (``[head, rows, width]`` each), strongest first. A row's ``k`` largest scores lie in its
+    ``k`` blocks of largest maxima: only those are ranked when they are fewer keys than the
+    row (positions past the chunk's keys score :data:`kernels.MASKED` times 2)."""
+    width = s.shape[-1]
+    blocks = min(k, block_max.shape[-1])
+    if blocks * block >= width:
+        values, order = torch.topk(s, min(k, width), dim=-1)
+        return values, order
+    picked = torch.topk(block_max, blocks, dim=-1).indices
+    offsets = torch.arange(block, device=s.device)
+    positions = (picked[..., None] * block + offsets).flatten(-2)  # [head, rows, c]
+    inside = positions < width
+    candidates = torch.where(inside, s.gather(-1, positions.clamp(max=width - 1)),
+                             2 * kernels.MASKED)
+    values, order = torch.topk(candidates, min(k, width), dim=-1)
+    return values, positions.gather(-1, order)
+
+
+def _topk_weights(values: torch.Tensor, positions: torch.Tensor, lse: torch.Tensor, k: int,
+                  k0: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top scores to key positions (``-1`` where masked) and weights ``exp(score - lse)``,
+    padded to ``k``."""
+    width = values.shape[-1]
+    masked = values < kernels.MASKED_BELOW
+    index = torch.where(masked, -1, positions + k0)
+    weights = torch.where(masked, 0.0, (values - lse[..., None]).exp())
+    if width < k:
+        index = torch.nn.functional.pad(index, (0, k - width), value=-1)
+        weights = torch.nn.functional.pad(weights, (0, k - width), value=0.0)
+    return index, weights
 
 
 #: Bytes of scores per chunk in a whole-capture scan (bigger chunks, fewer torch calls).
@@ -284,6 +382,7 @@ class _Chunk:
     size: int
     causal: bool
     window: int | None
+    factor: torch.Tensor  # [head, rows]: the weights are ``weights * factor[..., None]``
 
 
 def _right_side(keys: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -294,25 +393,22 @@ def _right_side(keys: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
     return torch.cat([keys, extra.expand(kv_heads, size, 4)], dim=2)
 
 
-def _row_stats(chunk: _Chunk, right: torch.Tensor, largest: torch.Tensor,
+def _row_stats(chunk: _Chunk, mixed: torch.Tensor, largest: torch.Tensor,
                sums: dict[str, torch.Tensor], counts: dict[str, torch.Tensor]) -> None:
     """Add one chunk's per-row statistics (see :mod:`attnviz.analysis.stats`).
 
-    The sums over keys that are linear in the weights come from one matrix product of the
-    weights with ``right``, the chunk's keys of :func:`_right_side`: the entropy from
-    ``sum_j a_ij log a_ij = scale * q_i . (sum_j a_ij k_j) - lse_i * sum_j a_ij``, the
-    causal distance from ``sum_j a_ij (i - j)``.
+    ``mixed`` is the product of the weights with :func:`_right_side`'s keys
+    (``[head, rows, dim + 4]``), which holds every sum over keys that is linear in the
+    weights: the entropy from ``sum_j a_ij log a_ij = scale * q_i . (sum_j a_ij k_j) - lse_i
+    * sum_j a_ij``, the causal distance from ``sum_j a_ij (i - j)``.
     """
-    weights = chunk.weights
+    weights, factor = chunk.weights, chunk.factor
     heads, rows, width = weights.shape
-    kv_heads, _keys, dim = chunk.k.shape
-    group = heads // kv_heads
+    dim = chunk.k.shape[-1]
     device = weights.device
     a0, k0, size = chunk.a0, chunk.k0, chunk.size
     i = torch.arange(a0, a0 + rows, device=device)
     visible = kernels.visible_counts(a0, a0 + rows, size, chunk.causal, chunk.window, device)
-    mixed = torch.bmm(weights.reshape(kv_heads, group * rows, width), right)
-    mixed = mixed.view(heads, rows, dim + 4)
     row_sum = mixed[..., dim + 3]
     expected_logs = chunk.scale * (chunk.q * mixed[..., :dim]).sum(-1) - chunk.lse * row_sum
     nats = -expected_logs
@@ -322,21 +418,21 @@ def _row_stats(chunk: _Chunk, right: torch.Tensor, largest: torch.Tensor,
     else:
         positions = torch.arange(k0, k0 + width, device=device, dtype=torch.float32)
         distances = (positions[None, :] - offset.T).abs()  # [rows, keys]
-        distance = (weights * distances).sum(-1)
+        distance = (weights * distances).sum(-1) * factor
 
     def at(step: int) -> torch.Tensor:
         column = i + step - k0  # [rows]
         valid = (column >= 0) & (column < width) & (i + step < size)
         picked = weights.gather(-1, column.clamp(0, width - 1)[None, :, None]
                                 .expand(heads, rows, 1))[..., 0]
-        return picked * valid
+        return picked * factor * valid
 
     near = {step: at(step) for step in range(-LOCAL_WINDOW, LOCAL_WINDOW + 1)}
     per_row = {
         "entropy": nats / torch.log(visible.clamp(min=2).to(torch.float32)),
         "entropy_nats": nats, "distance": distance, "max_weight": largest,
         "self": near[0], "previous": near[-1], "next": near[1],
-        "first": weights[:, :, 0] if k0 == 0 else torch.zeros_like(row_sum),
+        "first": weights[:, :, 0] * factor if k0 == 0 else torch.zeros_like(row_sum),
         "sep": mixed[..., dim + 1], "punct": mixed[..., dim + 2],
         "local": sum(near.values(), torch.zeros_like(row_sum)),
     }

@@ -30,12 +30,14 @@ import numpy as np
 import torch
 
 import attnviz.long.kernels as kernels
+import attnviz.long.scan as scan
 from attnviz.errors import UsageError
 from attnviz.long.record import (
     SIDECAR,
     STORAGE_DTYPES,
     LongCapture,
     LongUnsupported,
+    check_summary,
     layer_file,
     to_storage,
     write_sidecar,
@@ -65,6 +67,11 @@ class _Recorder:
     head_dim: int = 0
     num_tokens: int = 0
     problem: str | None = None
+    #: With a summary asked for: the key features, atlas block and top k of the scans.
+    features: torch.Tensor | None = None
+    block: int = 0
+    k: int = 0
+    scans: dict[int, scan.LayerScan] = field(default_factory=dict)
 
     def record(self, module: Any, query: torch.Tensor, key: torch.Tensor,
                mask: torch.Tensor | None, scaling: float | None,
@@ -104,7 +111,14 @@ class _Recorder:
         _check_mask(mask, size, bool(causal), window, layer)
         q = _rounded(query[0].detach(), self.dtype)  # [head, T, dim] float32
         k = _rounded(key[0].detach(), self.dtype)  # [kv_head, T, dim] float32
-        lse = kernels.lse_chunked(q, k, scale, bool(causal), window, self.budget)
+        if self.features is None:
+            lse = kernels.lse_chunked(q, k, scale, bool(causal), window, self.budget)
+        else:  # everything derived, from the same pass that finds the log-sum-exp
+            found = scan.scan_layer(q, k, scale, bool(causal), window,
+                                    self.features.to(q.device), block=self.block,
+                                    k=min(self.k, size), budget=self.budget)
+            lse = found.lse
+            self.scans[layer] = found
         for kind, tensor in (("q", q), ("k", k), ("lse", lse)):
             array = tensor if kind == "lse" else to_storage(tensor, self.dtype)
             _write_npy(self.folder, layer_file(kind, layer), array)
@@ -271,7 +285,8 @@ def _routed(model: Any, name: str) -> Iterator[None]:
 def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
                  layers: list[int] | None = None, max_tokens: int | None = None,
                  dtype: str = "float32", folder: str | Path | None = None,
-                 chunk_bytes: int = kernels.DEFAULT_CHUNK_BYTES) -> LongCapture:
+                 chunk_bytes: int = kernels.DEFAULT_CHUNK_BYTES, summary: bool = False,
+                 block: int | None = None, k: int = 0) -> LongCapture:
     """Capture queries, keys and log-sum-exp of ``text`` while the model runs its own kernel.
 
     Args:
@@ -285,13 +300,19 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
         folder: where the files go (created; a capture already there is replaced); a
             temporary folder removed with the capture when ``None``.
         chunk_bytes: bytes one chunk of scores may take.
+        summary: also compute what :meth:`LongCapture.summarise` gives (statistics,
+            attention received, the atlas at ``block`` and every head's top ``k``) in the
+            same pass over the scores that finds the log-sum-exp, about twice as fast as
+            capturing and then summarising; the files written are the same.
+        block, k: the summary's atlas block and top keys per query (see
+            :meth:`LongCapture.summarise`).
 
     Returns:
         The :class:`LongCapture`, memory-mapped from ``folder``.
 
     Raises:
         LongUnsupported: the model cannot be captured this way (use ``hf_model.capture``).
-        UsageError: a bad ``dtype``, layer or ``chunk_bytes``.
+        UsageError: a bad ``dtype``, layer, ``chunk_bytes``, ``block`` or ``k``.
         InputError: an empty text.
     """
     if dtype not in STORAGE_DTYPES:
@@ -304,6 +325,11 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
         raise UsageError("capture_long needs a Hugging Face model source (HFSource)")
     keep, _heads = hf_model._selection(layers, None)
     enc, warnings = hf_model.encode(text, pair, max_tokens, True)
+    tokens, word_ids, special = hf_model.tokens_of(enc)
+    display = hf_model.display_of(tokens, special)
+    if not summary and (block is not None or k):
+        raise UsageError("block and k describe a summary: pass summary=True with them")
+    summary_block = check_summary(len(tokens), block, k)
     base = _base_implementation(hf_model)
     name = _register(base)
     temporary = folder is None
@@ -314,6 +340,9 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
     # An old sidecar out first: a folder whose sidecar is there describes the arrays beside it.
     remove_file(target / SIDECAR, target)
     recorder = _Recorder(layers=sorted(keep), folder=target, dtype=dtype, budget=chunk_bytes)
+    if summary:
+        recorder.block, recorder.k = summary_block, int(k)
+        recorder.features = scan.key_features(display, special)
     token = _ACTIVE.set(recorder)
     try:
         _run(hf_model, enc, name)
@@ -331,7 +360,6 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
             f"{hf_model.name} ({hf_model.model_type}) does not run its attention through "
             f"transformers' attention functions (layer {missing[0]} was never seen)",
             "capture it the usual way, with a shorter text")
-    tokens, word_ids, special = hf_model.tokens_of(enc)
     meta: dict[str, Any] = {
         "source": "huggingface", "model_type": hf_model.model_type,
         "revision": hf_model.revision, "device": str(hf_model.device),
@@ -339,7 +367,7 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
         "warnings": warnings, "identity": hf_model.identity()}
     sidecar = {
         "model": hf_model.name, "text": text, "pair": pair, "tokens": tokens,
-        "display_tokens": hf_model.display_of(tokens, special), "word_ids": word_ids,
+        "display_tokens": display, "word_ids": word_ids,
         "special": special, "layers": recorder.layers, "num_layers": hf_model.num_layers,
         "num_heads": hf_model.num_heads, "num_kv_heads": recorder.num_kv_heads,
         "head_dim": recorder.head_dim, "dtype": dtype, "causal": bool(recorder.causal),
@@ -347,6 +375,11 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
         "windows": [recorder.windows[layer] for layer in recorder.layers], "meta": meta}
     write_sidecar(target, sidecar)
     capture = LongCapture.open(target)
+    if summary:
+        capture._summary = scan.build_summary(
+            [recorder.scans[layer] for layer in recorder.layers], layers=recorder.layers,
+            block=recorder.block, k=min(recorder.k, capture.num_tokens), model=capture.model,
+            causal=capture.causal)
     if temporary:
         capture._cleanup = weakref.finalize(capture, shutil.rmtree, str(target), True)
     return capture
