@@ -206,9 +206,10 @@ class LongPath:
                              "its layers (queries and keys are small)",
                              "leave out --heads; select layers with --layers")
         try:
+            summary = {"summary": True} if request.long_summary else {}
             return self.capture_long(text, pair, model=request.model, layers=request.layers,
                                      max_tokens=request.max_tokens, truncate=request.truncate,
-                                     dtype=request.long_dtype, folder=folder)
+                                     dtype=request.long_dtype, folder=folder, **summary)
         except LongUnsupported as why:
             reason = str(why.message).rstrip(".")
         tokens = self.token_count(request, text, pair)
@@ -274,9 +275,11 @@ class LongPath:
                      model: str | ModelSpec | None = None, layers: Any = None,
                      max_tokens: int | None = None, truncate: bool = True,
                      dtype: str = "float32", folder: Path | str | None = None,
-                     **options: Any) -> LongCapture:
+                     summary: bool = False, **options: Any) -> LongCapture:
         """The long capture of ``text``: each layer's queries, keys and log-sum-exp, from one
         forward pass with the model's own attention kernel (:func:`attnviz.long.capture_long`).
+        With ``summary``, every head's statistics, atlas, attention received and top-k come
+        from the same pass (what ``heads`` reads).
 
         Args:
             text, pair, model, layers, max_tokens, truncate, **options: as in
@@ -319,7 +322,8 @@ class LongPath:
                       if layer_text else None)
         with self._forward_lock(spec):
             cap = capture_long(source, text, pair=pair, layers=layer_list,
-                               max_tokens=max_tokens, dtype=dtype, folder=folder)
+                               max_tokens=max_tokens, dtype=dtype, folder=folder,
+                               summary=bool(summary))
             self.forwards += 1
         device = str(getattr(source, "device", "cpu"))
         if device.startswith("cuda"):  # weights on demand are computed where the model runs

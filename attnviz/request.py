@@ -79,6 +79,9 @@ class CaptureRequest:
             demand, memory O(T x d)); ``None`` the full record when it fits under
             :func:`attnviz.long_session.max_full_bytes`, else the long capture (said through
             the session's ``warn``).
+        long_summary: a long capture also computes every head's statistics, atlas, attention
+            received and top-k in the pass that finds the log-sum-exp (``heads`` asks for it:
+            it reads every head; one head's top-k does not).
         long_dtype: how a long capture stores queries and keys: ``"float32"``, ``"float16"``
             or ``"bfloat16"``.
 
@@ -104,6 +107,7 @@ class CaptureRequest:
 
     long: bool | None = False
     long_dtype: str = "float32"
+    long_summary: bool = False
 
     def __post_init__(self) -> None:
         if self.measure is not None:

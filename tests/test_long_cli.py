@@ -201,14 +201,31 @@ def test_dump_long_reads_back_with_from(invoke: Any, llama_dir: Path, long_text:
     from_dump = json.loads(_ok(invoke("top-k", "--from", str(folder), "-f", "json",
                                       *flags)).stdout)
     _same_topk(from_dump, _topk(invoke, llama_dir, long_text, "--no-long", *flags))
+    # heads on the text: every head's statistics come from the capture's own pass
+    # (summary=True), the same numbers as from the dump below.
+    import attnviz.long as long_package
+
+    passes: list[bool] = []
+    real = long_package.capture_long
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        passes.append(bool(kwargs.get("summary")))
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(long_package, "capture_long", spy)
+        in_pass = json.loads(_ok(invoke("heads", "-", "--model", str(llama_dir), "--long",
+                                        "--no-induction", "-f", "json", "--no-cache",
+                                        input=long_text)).stdout)
+    assert passes == [True]
     # heads --from the long dump: the statistics of the full capture (heads --no-long).
     long_stats = json.loads(_ok(invoke("heads", "--from", str(folder), "-f", "json")).stdout)
     full_stats = json.loads(_ok(invoke("heads", "-", "--model", str(llama_dir), "--no-long",
                                        "--no-induction", "-f", "json", "--no-cache",
                                        input=long_text)).stdout)
     by_head = {(r["layer"], r["head"]): r for r in full_stats["heads"]}
-    assert len(long_stats["heads"]) == len(by_head) == 8
-    for row in long_stats["heads"]:
+    assert len(long_stats["heads"]) == len(in_pass["heads"]) == len(by_head) == 8
+    for row in [*long_stats["heads"], *in_pass["heads"]]:
         expected = by_head[(row["layer"], row["head"])]
         assert row["label"] == expected["label"]
         for name in ("entropy", "distance", "previous", "first", "max_weight", "local"):

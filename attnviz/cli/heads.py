@@ -7,6 +7,7 @@ the command, so ``--help`` stays fast.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -449,7 +450,8 @@ def heads_command(
     else:
         from attnviz.analysis.stats import stat_sums
 
-        request = options.request(layers=layers, heads=heads, long_path=True)
+        request = dataclasses.replace(  # every head is read: one pass computes them all
+            options.request(layers=layers, heads=heads, long_path=True), long_summary=True)
         capture = session().run(request)
         if isinstance(capture, Capture):
             view = view_of(capture, exclude_special=exclude_special, words=words)

@@ -604,9 +604,10 @@ class RemoteSession(Session):
                      model: str | ModelSpec | None = None, layers: Any = None,
                      max_tokens: int | None = None, truncate: bool = True,
                      dtype: str = "float32", folder: Path | str | None = None,
-                     **options: Any) -> RemoteLongCapture:
+                     summary: bool = False, **options: Any) -> RemoteLongCapture:
         """A long capture made and kept by the server; reads of it are requests
-        (:class:`~attnviz.server.long_client.RemoteLongCapture`).
+        (:class:`~attnviz.server.long_client.RemoteLongCapture`). ``summary`` is the server's
+        business (it streams statistics and atlas levels itself) and is not sent.
 
         Raises:
             UsageError: ``folder`` is given (queries and keys stay on the server).
