@@ -48,13 +48,9 @@ from pydantic import BeforeValidator
 
 from attnviz.server.requests import (
     ApiError,
-    Flag,
     Layers,
-    ModelName,
     OptionalFlag,
-    OptionalText,
-    Text,
-    ToyRequest,
+    TextRequest,
     _head,
     _refuse,
     _Request,
@@ -81,30 +77,16 @@ _Pos = Annotated[int, between(0, 1 << 24)]
 _OptionalPos = Annotated[int | None, between(0, 1 << 24)]
 
 
-class LongPlanRequest(_Request):
+class LongPlanRequest(TextRequest):
     """``/api/long/plan``: would this text take the long path (``long``: null decides)?"""
 
-    text: Text
-    pair: OptionalText = None
-    model: ModelName = None
-    toy: ToyRequest | None = None
-    max_tokens: Annotated[int | None, between(1, 1 << 30)] = None
-    layers: Layers = None
     heads: Layers = None
-    truncate: Flag = True
     long: OptionalFlag = None
 
 
-class LongCaptureRequest(_Request):
+class LongCaptureRequest(TextRequest):
     """``/api/long/capture``: the text to capture as queries, keys and log-sum-exp."""
 
-    text: Text
-    pair: OptionalText = None
-    model: ModelName = None
-    toy: ToyRequest | None = None
-    max_tokens: Annotated[int | None, between(1, 1 << 30)] = None
-    layers: Layers = None
-    truncate: Flag = True
     dtype: Annotated[str, one_of(*DTYPES)] = "float32"
 
 

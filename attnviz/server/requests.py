@@ -238,8 +238,9 @@ class ModelRequest(_Request):
     toy: ToyRequest | None = None
 
 
-class CaptureRequest(_Request):
-    """``/api/capture.zip``: the text (and pair) to capture, on which model, what to keep."""
+class TextRequest(_Request):
+    """The fields every capture of a text takes: the text (and pair), the model, the token
+    limit and the layers to keep."""
 
     text: Text
     pair: OptionalText = None
@@ -247,8 +248,13 @@ class CaptureRequest(_Request):
     toy: ToyRequest | None = None
     max_tokens: Annotated[int | None, between(1, 1 << 30)] = None
     layers: Layers = None
-    heads: Layers = None
     truncate: Flag = True
+
+
+class CaptureRequest(TextRequest):
+    """``/api/capture.zip``: the text (and pair) to capture, on which model, what to keep."""
+
+    heads: Layers = None
     measure: Annotated[str, one_of(*MEASURES)] = "weights"
 
 
