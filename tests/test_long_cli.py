@@ -8,17 +8,16 @@ full capture of the same text (eager attention, every weight), within 1e-5.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+
+from tests._servers import thread_server
 
 TOL = 1e-5
 WORDS = ("the cat sat on a mat while dogs ran far into green hills under bright stars and "
@@ -322,28 +321,15 @@ def test_a_model_without_a_long_path_falls_back_or_says_why(
 @pytest.fixture(scope="module")
 def server_url(llama_dir: Path) -> Iterator[str]:
     """attnviz serve of the tiny Llama on a real loopback port (uvicorn in a thread)."""
-    import uvicorn
 
     from attnviz.server.app import create_app
     from attnviz.server.engine import Limits
 
     app = create_app([str(llama_dir)], device="cpu", limits=Limits(long_max_weights=1 << 20))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        with thread_server(app) as url:
+            yield url
     finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
         app.state.long_store.close()
 
 

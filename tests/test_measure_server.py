@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
-import threading
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +19,7 @@ from attnviz.render.html import decode_weights
 from attnviz.server.app import create_app
 from attnviz.server.client import RemoteSession, ServerError, capture_from_payload
 from attnviz.server.engine import Limits
+from tests._servers import thread_server
 from tests.conftest import SENTENCE
 from tests.test_measure_cli import NORM_LABEL, reference
 
@@ -47,24 +45,9 @@ def norm_ref(minilm: Any) -> np.ndarray:
 @pytest.fixture(scope="module")
 def server_url(app: Any) -> Iterator[str]:
     """The module's app on a real port (uvicorn in a thread of this process)."""
-    import uvicorn
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with thread_server(app) as url:
+        yield url
 
 
 def test_capture_body_takes_a_measure(client: TestClient, norm_ref: np.ndarray) -> None:

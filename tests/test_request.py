@@ -4,10 +4,7 @@ answer it (``run``, ``run_each``, ``write``, ``run_texts``), local and over ``--
 from __future__ import annotations
 
 import io
-import socket
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ from attnviz.models import ModelSpec
 from attnviz.models.toy import ToyConfig, ToySource, trace_head
 from attnviz.request import CaptureRequest
 from attnviz.session import Session
+from tests._servers import thread_server
 
 TEXT = "The cat sat on the mat"
 CONFIG = ToyConfig(d_model=16, heads=2, layers=3, seed=5)
@@ -178,27 +176,11 @@ def test_run_texts_gives_one_answer_per_text(batch_size: int) -> None:
 @pytest.fixture(scope="module")
 def toy_server() -> Iterator[str]:
     """``attnviz serve --model toy`` on a free port (uvicorn in a thread of this process)."""
-    import uvicorn
 
     from attnviz.server.app import create_app
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    server = uvicorn.Server(uvicorn.Config(create_app(["toy"]), log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with thread_server(create_app(["toy"])) as url:
+        yield url
 
 
 def test_a_remote_session_answers_the_same_request(toy_server: str, tmp_path: Path) -> None:

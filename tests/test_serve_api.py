@@ -31,6 +31,7 @@ from attnviz.server.app import create_app
 from attnviz.server.client import RemoteSession, ServerError, capture_from_payload
 from attnviz.server.engine import ApiError, Engine, Limits, decode_float32
 from attnviz.session import Session
+from tests._servers import thread_server
 
 SENTENCE = "The cat sat on the mat"
 BASE = "http://127.0.0.1:8000"
@@ -439,25 +440,8 @@ def test_engine_limits_are_checked() -> None:
 @pytest.fixture(scope="module")
 def server_url(app: Any) -> Iterator[str]:
     """The module's app on a real port (uvicorn in a thread of this process)."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    config = uvicorn.Config(app, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with thread_server(app) as url:
+        yield url
 
 
 def test_remote_session_equals_a_local_capture(server_url: str, minilm: Any) -> None:
