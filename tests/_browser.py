@@ -8,7 +8,8 @@ errors, page errors and dialogs are collected for the test to assert on.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +77,25 @@ def watch(context: Any, page: Any, allowed: Sequence[str], outside: list[str],
             dialog.dismiss()
 
         page.on("dialog", on_dialog)
+
+
+def hover_until(page: Any, where: Callable[[], tuple[float, float]], shown: Callable[[], Any],
+                *, timeout_s: float = 60.0, what: str = "the hover to show") -> None:
+    """Move the mouse to ``where()`` until ``shown()`` is true.
+
+    A single move is lost when the view re-lays itself out between reading its geometry and the
+    move (a frame resized by its host, a late font): each try reads the geometry again, leaves
+    the page's corner first so the next move is a real move, and polls ``shown`` for a second.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        page.mouse.move(0, 0)
+        page.mouse.move(*where())
+        settle = min(deadline, time.monotonic() + 1.0)
+        while time.monotonic() < settle:
+            if shown():
+                return
+            time.sleep(0.03)
+        if shown():
+            return
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"

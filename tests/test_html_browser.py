@@ -20,7 +20,7 @@ from attnviz.analysis.tokens import exclude_special, merge_words
 from attnviz.analysis.topk import top_k
 from attnviz.capture import Capture
 from attnviz.render.html import write_report
-from tests._browser import watch
+from tests._browser import hover_until, watch
 
 pytestmark = pytest.mark.slow
 
@@ -105,11 +105,19 @@ def _wait_for(opened: Opened, expression: str, timeout_s: float = 10.0) -> None:
 
 
 def _hover_cell(opened: Opened, row: int, col: int) -> None:
-    box = opened.page.locator("#hm-canvas").bounding_box()
-    layout = opened.page.eval_on_selector(
-        "#hm-canvas", "c => [Number(c.dataset.x0), Number(c.dataset.y0), Number(c.dataset.cell)]")
-    x0, y0, cell = layout
-    opened.page.mouse.move(box["x"] + x0 + (col + 0.5) * cell, box["y"] + y0 + (row + 0.5) * cell)
+    """Hover the heatmap's cell (row, col) until the tooltip shows that cell."""
+
+    def centre() -> tuple[float, float]:
+        box = opened.page.locator("#hm-canvas").bounding_box()
+        x0, y0, cell = opened.page.eval_on_selector(
+            "#hm-canvas",
+            "c => [Number(c.dataset.x0), Number(c.dataset.y0), Number(c.dataset.cell)]")
+        return box["x"] + x0 + (col + 0.5) * cell, box["y"] + y0 + (row + 0.5) * cell
+
+    hover_until(opened.page, centre, lambda: opened.page.evaluate(
+        f"(() => {{ const t = document.getElementById('tooltip'); return !t.hidden && "
+        f"t.dataset.query === '{row}' && t.dataset.key === '{col}'; }})()"),
+        timeout_s=10.0, what=f"the tooltip of query {row}, key {col}")
 
 
 # --------------------------------------------------------------------------- tests

@@ -27,7 +27,7 @@ from attnviz.capture import Capture, load_capture
 from attnviz.errors import UsageError
 from attnviz.notebook import MAX_REPR_WEIGHTS, preview_page, static_html
 from attnviz.render.html import read_report_data
-from tests._browser import watch
+from tests._browser import hover_until, watch
 
 pytestmark = pytest.mark.slow
 
@@ -213,19 +213,24 @@ def test_fallback_paints_offline_and_shows_the_capture(executed, browser,
         assert "layer 1, head 2" in frame.get_attribute("#hm-canvas", "aria-label")
         assert frame.is_visible("#view-heatmap") and not frame.is_visible("#view-head")
         canvas = frame.locator("#hm-canvas")
-        x0, y0, cell = frame.eval_on_selector(
-            "#hm-canvas", "c => [Number(c.dataset.x0), Number(c.dataset.y0), "
-                          "Number(c.dataset.cell)]")
         matrix = cap_gpt2.matrix(1, 2)
         for row, col in [(0, 0), (3, 1), (cap_gpt2.num_tokens - 1, 4)]:
-            # The frame is shorter than the heatmap: scroll the row into its viewport.
-            frame.evaluate("y => window.scrollTo(0, document.getElementById('hm-canvas')"
-                           ".offsetTop + y - 100)", y0 + row * cell)
-            box = canvas.bounding_box()
-            opened.page.mouse.move(box["x"] + x0 + (col + 0.5) * cell,
-                                   box["y"] + y0 + (row + 0.5) * cell)
-            _wait(frame, f"document.getElementById('tooltip').dataset.query === '{row}' && "
-                         f"document.getElementById('tooltip').dataset.key === '{col}'")
+
+            def cell_centre(row: int = row, col: int = col) -> tuple[float, float]:
+                # The frame is shorter than the heatmap: scroll the row into its viewport. The
+                # layout is read on every try: the host may resize the frame, which redraws.
+                x0, y0, cell = frame.eval_on_selector(
+                    "#hm-canvas", "c => [Number(c.dataset.x0), Number(c.dataset.y0), "
+                                  "Number(c.dataset.cell)]")
+                frame.evaluate("y => window.scrollTo(0, document.getElementById('hm-canvas')"
+                               ".offsetTop + y - 100)", y0 + row * cell)
+                box = canvas.bounding_box()
+                return (box["x"] + x0 + (col + 0.5) * cell, box["y"] + y0 + (row + 0.5) * cell)
+
+            hover_until(opened.page, cell_centre, lambda row=row, col=col: frame.evaluate(
+                f"document.getElementById('tooltip').dataset.query === '{row}' && "
+                f"document.getElementById('tooltip').dataset.key === '{col}'"),
+                what=f"the tooltip of query {row}, key {col}")
             ((index, weight),) = _tooltip_weights(frame)
             assert index == col and abs(weight - matrix[row, col]) <= tolerance
         shot = tmp_path / "first.png"

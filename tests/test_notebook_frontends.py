@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests._browser import watch
+from tests._browser import hover_until, watch
 
 pytestmark = pytest.mark.slow
 
@@ -360,19 +360,28 @@ def test_tooltips_land_next_to_the_hovered_cell(open_notebook: Any, server: Serv
         _live_views(page, len(VIEWS))
         host = page.locator("[data-attnviz-live]").first
         host.scroll_into_view_if_needed()
-        canvas = _shadow(page, 0, """(() => { const c = root.getElementById('hm-canvas');
-            const r = c.getBoundingClientRect();
-            return [r.left, r.top, Number(c.dataset.x0), Number(c.dataset.y0),
-                    Number(c.dataset.cell), Number(c.dataset.n)]; })()""")
-        left, top, x0, y0, cell, n = canvas
+        def layout() -> list[float]:
+            return _shadow(page, 0, """(() => { const c = root.getElementById('hm-canvas');
+                const r = c.getBoundingClientRect();
+                return [r.left, r.top, Number(c.dataset.x0), Number(c.dataset.y0),
+                        Number(c.dataset.cell), Number(c.dataset.n)]; })()""")
+
+        n = int(layout()[5])
+        pointer: list[float] = []
         for row, col in [(0, 0), (n - 1, n - 1), (n // 2, 3)]:
-            x, y = left + x0 + (col + 0.5) * cell, top + y0 + (row + 0.5) * cell
-            page.mouse.move(x, y)
-            _wait(page, """([r, c]) => {
+
+            def centre(row: int = row, col: int = col) -> tuple[float, float]:
+                # read on every try: the notebook may re-lay the view out between reads
+                left, top, x0, y0, cell, _ = layout()
+                pointer[:] = [left + x0 + (col + 0.5) * cell, top + y0 + (row + 0.5) * cell]
+                return pointer[0], pointer[1]
+
+            hover_until(page, centre, lambda row=row, col=col: page.evaluate("""([r, c]) => {
                 const t = document.querySelectorAll('[data-attnviz-live]')[0].shadowRoot
                     .getElementById('tooltip');
                 return !t.hidden && t.dataset.query === String(r) && t.dataset.key === String(c);
-            }""", [row, col])
+            }""", [row, col]), what=f"the tooltip of query {row}, key {col}")
+            x, y = pointer
             tip = _shadow(page, 0, """(() => { const r = root.getElementById('tooltip')
                 .getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; })()""")
             view = host.bounding_box()
@@ -384,13 +393,18 @@ def test_tooltips_land_next_to_the_hovered_cell(open_notebook: Any, server: Serv
         # The head view of all 12 heads: every head's section shows, beside the token.
         head_view = page.locator("[data-attnviz-live]").nth(2)
         head_view.scroll_into_view_if_needed()
-        token = _shadow(page, 2, """(() => {
-            const t = root.querySelector('#hv-left .tok[data-i="6"]').getBoundingClientRect();
-            return [t.left + 5, t.top + t.height / 2]; })()""")
-        page.mouse.move(*token)
-        _wait(page, """() => { const t = document.querySelectorAll('[data-attnviz-live]')[2]
+        token: list[float] = []
+
+        def token_left() -> tuple[float, float]:
+            token[:] = _shadow(page, 2, """(() => {
+                const t = root.querySelector('#hv-left .tok[data-i="6"]').getBoundingClientRect();
+                return [t.left + 5, t.top + t.height / 2]; })()""")
+            return token[0], token[1]
+
+        hover_until(page, token_left, lambda: page.evaluate(
+            """() => { const t = document.querySelectorAll('[data-attnviz-live]')[2]
             .shadowRoot.getElementById('tooltip');
-            return !t.hidden && t.dataset.index === '6'; }""")
+            return !t.hidden && t.dataset.index === '6'; }"""), what="the head view's tooltip")
         heads = _shadow(page, 2, """Array.from(root.querySelectorAll('#tooltip th'))
             .map(th => th.textContent)""")
         assert heads == ["mean of selected heads"] + [f"head {h}" for h in range(12)]

@@ -29,7 +29,7 @@ import pytest
 
 from attnviz.analysis.explain import explain_head
 from attnviz.models.toy import ToyConfig
-from tests._browser import watch
+from tests._browser import hover_until, watch
 
 pytestmark = pytest.mark.slow
 
@@ -173,9 +173,15 @@ def test_typing_updates_the_views_and_hover_equals_a_capture(open_page: Any,
     # The heatmap shows the same numbers under the mouse.
     opened.page.click(f"{VIEW} .tabs button[data-view='heatmap']")
     canvas = opened.page.locator(f"{VIEW} #hm-canvas")
-    x0, y0, cell = (float(canvas.get_attribute(f"data-{k}")) for k in ("x0", "y0", "cell"))
-    box = canvas.bounding_box()
-    opened.page.mouse.move(box["x"] + x0 + 2.5 * cell, box["y"] + y0 + (query + 0.5) * cell)
+
+    def centre() -> tuple[float, float]:
+        x0, y0, cell = (float(canvas.get_attribute(f"data-{k}")) for k in ("x0", "y0", "cell"))
+        box = canvas.bounding_box()
+        return box["x"] + x0 + 2.5 * cell, box["y"] + y0 + (query + 0.5) * cell
+
+    hover_until(opened.page, centre, lambda: opened.page.eval_on_selector(
+        f"{VIEW} #tooltip", f"t => !t.hidden && t.dataset.query === '{query}' && "
+                            "t.dataset.key === '2'"), timeout_s=30.0)
     shown = opened.page.eval_on_selector(f"{VIEW} #tooltip tr.entry .w", "e => e.textContent")
     assert abs(float(shown) - row[2]) <= 1e-4 + 1e-5
     opened.assert_clean()
