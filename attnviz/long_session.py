@@ -20,7 +20,7 @@ keys live in a folder of their own, or in memory).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attnviz.errors import InputError, UsageError
@@ -171,22 +171,34 @@ class LongPath:
         """
         if request.long is not None:
             return request.long
+        reason = self.too_big(request, [(text, pair)])
+        if reason is None:
+            return False
+        self._note(f"{reason}: taking the long path (--long)")
+        return True
+
+    def too_big(self, request: CaptureRequest, texts: Iterable[tuple[str, str | None]]
+                ) -> str | None:
+        """Why the first of ``texts`` whose full capture exceeds :func:`max_full_bytes` needs
+        the long path (``"a full capture would need ..."``), or ``None`` when every one fits,
+        the request holds a measure (the long path holds weights only) or the model has no
+        long path (the toy model). ``texts`` is read up to that text; a text is tokenized only
+        when a bound on its length does not settle it."""
         if (request.measure or "weights") != "weights":
-            return False  # the long path holds weights only; a measure's own bounds apply
+            return None  # the long path holds weights only; a measure's own bounds apply
         from attnviz.models import TOY_MODEL
 
         if request.spec.name == TOY_MODEL:
-            return False  # no long path; the toy model's own token limit and memory guard apply
+            return None  # no long path; the toy model's own token limit and memory guard apply
         limit = max_full_bytes()
-        if self._full_size(request, self._token_bound(request, text, pair))[0] <= limit:
-            return False
-        tokens = self.token_count(request, text, pair)
-        size, parts = self._full_size(request, tokens)
-        if size <= limit:
-            return False
-        self._note(f"a full capture would need {size_text(size)} ({parts}), more than "
-                   f"{size_text(limit)} (${ENV_MAX_FULL_MB}): taking the long path (--long)")
-        return True
+        for text, pair in texts:
+            if self._full_size(request, self._token_bound(request, text, pair))[0] <= limit:
+                continue
+            size, parts = self._full_size(request, self.token_count(request, text, pair))
+            if size > limit:
+                return (f"a full capture would need {size_text(size)} ({parts}), more than "
+                        f"{size_text(limit)} (${ENV_MAX_FULL_MB})")
+        return None
 
     # ------------------------------------------------------------------ capturing
     def answer_long(self, request: CaptureRequest, text: str, pair: str | None, *,

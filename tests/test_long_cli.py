@@ -439,6 +439,60 @@ def test_export_long_writes_atlas_topk_and_statistics(invoke: Any, llama_dir: Pa
     assert bad.exit_code == 2 and "--words and --exclude-special do not apply" in bad.stderr
 
 
+def test_export_takes_the_long_path_by_itself(invoke: Any, llama_dir: Path, long_text: str,
+                                              tmp_path: Path, full_weights: np.ndarray,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text of an --input file that would not fit as a full capture: every text of the
+    export goes the long path, said once; with --no-long (or when all fit) nothing changes."""
+    import csv
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text(f"The cat sat on the mat\n\n{long_text}\n")
+    monkeypatch.setenv("ATTNVIZ_MAX_FULL_MB", "1")
+    out = tmp_path / "auto"
+    result = _ok(invoke("export", "--input", str(texts), "--model", str(llama_dir), "-k", "1",
+                        "--no-cache", "-o", str(out)))
+    assert "2 exported" in result.stdout
+    said = [line for line in result.stderr.splitlines() if "long path" in line]
+    assert len(said) == 1 and "more than 1 MB" in said[0] and "--no-long" in said[0]
+    index = json.loads((out / "index.json").read_text())
+    assert [entry["status"] for entry in index["texts"]] == ["exported", "exported"]
+    folder = out / index["texts"][1]["folder"]
+    manifest = json.loads((folder / "export.json").read_text())
+    assert manifest["long"] and manifest["num_tokens"] == full_weights.shape[-1]
+    with open(folder / "topk.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for row in rows[:: max(1, len(rows) // 40)]:
+        weight = full_weights[int(row["layer"]), int(row["head"]), int(row["query_index"]),
+                              int(row["key_index"])]
+        assert float(row["weight"]) == pytest.approx(weight, abs=TOL)
+    # Arguments are scanned too; --no-long keeps full captures (the short text fits anyway).
+    argued = _ok(invoke("export", "The cat sat on the mat", long_text, "--model",
+                        str(llama_dir), "--figures", "overview", "-o", str(tmp_path / "args")))
+    assert "exporting every text on the long path" in argued.stderr
+    kept = _ok(invoke("export", "The cat sat on the mat", "--model", str(llama_dir),
+                      "--no-long", "--figures", "overview", "-o", str(tmp_path / "full")))
+    assert "long path" not in kept.stderr
+    entry, = json.loads((tmp_path / "full" / "index.json").read_text())["texts"]
+    assert not json.loads((tmp_path / "full" / entry["folder"] / "export.json").read_text()
+                          ).get("long")
+    # Standard input is read once, as the export goes: not scanned (README says --long).
+    piped = _ok(invoke("export", "--input", "-", "--model", str(llama_dir), "--figures",
+                       "overview", "-o", str(tmp_path / "piped"), input=long_text + "\n"))
+    assert "long path" not in piped.stderr
+    entry, = json.loads((tmp_path / "piped" / "index.json").read_text())["texts"]
+    assert not json.loads((tmp_path / "piped" / entry["folder"] / "export.json").read_text()
+                          ).get("long")
+    # Every text fits: a normal export, without a word.
+    monkeypatch.delenv("ATTNVIZ_MAX_FULL_MB")
+    normal = _ok(invoke("export", "--input", str(texts), "--model", str(llama_dir),
+                        "--figures", "overview", "-o", str(tmp_path / "normal")))
+    assert "long path" not in normal.stderr
+    entries = json.loads((tmp_path / "normal" / "index.json").read_text())["texts"]
+    assert not any(json.loads((tmp_path / "normal" / e["folder"] / "export.json").read_text()
+                              ).get("long") for e in entries)
+
+
 # --------------------------------------------------------------------------- README's claims
 def test_readme_claims(monkeypatch: pytest.MonkeyPatch, llama_dir: Path, long_text: str,
                        invoke: Any) -> None:

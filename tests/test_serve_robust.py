@@ -440,7 +440,7 @@ def test_the_timeout_is_a_total_deadline(fake: Any) -> None:
         try:
             with pytest.raises(ServerError, match="did not answer within 1 s"):
                 remote.request("POST", "/api/capture", {"text": SENTENCE})
-            assert time.monotonic() - started < 2.5, part
+            assert time.monotonic() - started < 4, part  # 12 s if the deadline were per read
         finally:
             stop.set()
             thread.join(5)

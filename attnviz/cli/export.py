@@ -36,6 +36,7 @@ from attnviz.cli._common import (
     session,
     stderr,
     stdout,
+    warn,
 )
 from attnviz.cli._engine import (
     BATCH_SIZE_MAX,
@@ -49,7 +50,8 @@ from attnviz.cli._engine import (
 from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
-    from attnviz.export import ExportItem, ExportProgress, ExportSummary
+    from attnviz.export import ExportItem, ExportOptions, ExportProgress, ExportSummary
+    from attnviz.request import CaptureRequest
 
 F = typing.TypeVar("F", bound=Callable[..., Any])
 
@@ -130,6 +132,47 @@ def _items(texts: list[str], dumps: list[Path],
         yield ExportItem(dump=dump, origin=f"--from {dump}")
     if lines is not None:
         yield from lines
+
+
+def _long_applies(plan: ExportOptions, dumps: list[Path]) -> bool:
+    """Whether an export could take the long path by itself: it keeps every head of whole
+    inputs, as words of the model's own tokens, and its saved captures (if any) are long."""
+    if plan.words or plan.exclude_special or plan.heads is not None:
+        return False
+    if any((plan.tokens, plan.queries, plan.keys)):
+        return False
+    from attnviz.long_session import is_long_folder
+
+    return all(is_long_folder(path) for path in dumps)
+
+
+def _long_if_too_big(request: CaptureRequest, texts: list[str],
+                     input_file: str | None) -> CaptureRequest:
+    """The request on the long path when a text (an argument, or a line of an --input file)
+    would not fit as a full capture, said on stderr; else unchanged. Standard input is read
+    once, as the export goes: it is not scanned (its texts take the long path with --long)."""
+    import dataclasses
+    import itertools
+
+    from attnviz.export import read_input
+
+    scanned: Iterator[tuple[str, str | None]] = ((text, None) for text in texts)
+    lines = read_input(input_file) if input_file not in (None, "-") else iter(())
+    try:
+        scanned = itertools.chain(scanned, ((item.text, item.pair) for item in lines
+                                            if item.text and not item.error))
+        reason = session().too_big(request, scanned)
+    finally:
+        close = getattr(lines, "close", None)
+        if close is not None:
+            close()  # the file, when the scan stopped early
+    if reason is None:
+        return request
+    from rich.markup import escape
+
+    warn(escape(f"{reason}: exporting every text on the long path (--long: atlas figures, "
+                "top-k, statistics and sinks per text; --no-long keeps full captures)"))
+    return dataclasses.replace(request, long=True)
 
 
 def _progress(total: int | None) -> ExportProgress:
@@ -328,8 +371,10 @@ def export(
 
     With --long (inputs of 8k-100k+ tokens): each folder gets the atlas figures
     (overview, layers/), topk.csv, heads.csv (each head's statistics) and sinks.json,
-    computed from the long capture in streamed passes. Without --long, export keeps
-    every weight of every text.
+    computed from the long capture in streamed passes. Export takes the long path by
+    itself (and says so) when a text given as an argument or in an --input file would
+    not fit as a full capture (see $ATTNVIZ_MAX_FULL_MB); --no-long keeps every weight
+    of every text.
 
       attnviz export --input books.txt --model ./llama --long -o long-figs/
     """
@@ -370,6 +415,8 @@ def export(
             import dataclasses
 
             request = dataclasses.replace(request, long=True)
+    if request.long is None and ray is None and _long_applies(plan, dump_list):
+        request = _long_if_too_big(request, text_list, input_file)
     if request.long:  # long inputs: atlas figures, top-k and statistics per text
         if ray is not None:
             raise UsageError("--long exports run here, text by text",
