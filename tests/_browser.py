@@ -79,6 +79,23 @@ def watch(context: Any, page: Any, allowed: Sequence[str], outside: list[str],
         page.on("dialog", on_dialog)
 
 
+def wait_until(target: Any, expression: str, arg: Any = None, *, timeout_s: float = 120.0
+               ) -> Any:
+    """Evaluate ``expression`` in ``target`` (a page or frame) until it is truthy; return it.
+
+    A polling loop rather than ``wait_for_function``, which evaluates a string that the views'
+    Content-Security-Policy forbids; it waits through Playwright (not ``time.sleep``) so the
+    page's requests, which pass through Python's route handlers, keep flowing.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = target.evaluate(expression, arg)
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {expression}"
+        target.wait_for_timeout(50)
+
+
 def hover_until(page: Any, where: Callable[[], tuple[float, float]], shown: Callable[[], Any],
                 *, timeout_s: float = 60.0, what: str = "the hover to show") -> None:
     """Move the mouse to ``where()`` until ``shown()`` is true.
@@ -95,7 +112,7 @@ def hover_until(page: Any, where: Callable[[], tuple[float, float]], shown: Call
         while time.monotonic() < settle:
             if shown():
                 return
-            time.sleep(0.03)
+            page.wait_for_timeout(30)
         if shown():
             return
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

@@ -23,7 +23,7 @@ from urllib.parse import quote_plus
 import pytest
 
 from attnviz.session import Session
-from tests._browser import watch
+from tests._browser import wait_until, watch
 from tests.test_generate import PROMPT, _save
 
 pytestmark = pytest.mark.slow
@@ -79,11 +79,6 @@ def server_url(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         process.wait(timeout=30)
 
 
-def _wait(page: Any, expression: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not page.evaluate(expression):
-        assert time.monotonic() < deadline, f"timed out waiting for {expression}"
-        page.wait_for_timeout(50)
 
 
 def test_generate_panel_streams_rows(browser: Any, server_url: str, llama: Path) -> None:
@@ -94,10 +89,10 @@ def test_generate_panel_streams_rows(browser: Any, server_url: str, llama: Path)
     watch(context, page, (server_url, "data:", "blob:"), outside, errors)
     try:
         page.goto(server_url + "#text=" + quote_plus(PROMPT))
-        _wait(page, "Number(document.documentElement.dataset.updates || 0) >= 1")
+        wait_until(page, "Number(document.documentElement.dataset.updates || 0) >= 1")
         page.fill("#new-tokens", "5")
         page.click("#generate")
-        _wait(page, "document.getElementById('generate-panel').dataset.done === '5'")
+        wait_until(page, "document.getElementById('generate-panel').dataset.done === '5'")
         title = page.inner_text("#generate-title")
         match = re.fullmatch(r"layer (-?\d+), (?:head (\d+)|mean of the heads), top (\d+)", title)
         assert match, title

@@ -20,7 +20,7 @@ from attnviz.analysis.tokens import exclude_special, merge_words
 from attnviz.analysis.topk import top_k
 from attnviz.capture import Capture
 from attnviz.render.html import write_report
-from tests._browser import hover_until, watch
+from tests._browser import hover_until, wait_until, watch
 
 pytestmark = pytest.mark.slow
 
@@ -97,11 +97,7 @@ def _save_png(opened: Opened) -> Any:
 
 
 def _wait_for(opened: Opened, expression: str, timeout_s: float = 10.0) -> None:
-    """Poll a JavaScript expression (wait_for_function would need 'unsafe-eval' in the CSP)."""
-    deadline = time.monotonic() + timeout_s
-    while not opened.page.evaluate(expression):
-        assert time.monotonic() < deadline, f"timed out waiting for {expression}"
-        opened.page.wait_for_timeout(25)
+    wait_until(opened.page, expression, timeout_s=timeout_s)
 
 
 def _hover_cell(opened: Opened, row: int, col: int) -> None:

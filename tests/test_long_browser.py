@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests._browser import watch
+from tests._browser import wait_until, watch
 from tests.long_fixtures import build_tiny_llama, capture_tiny_llama
 
 pytestmark = pytest.mark.slow
@@ -78,12 +78,6 @@ def server_url(long_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         process.wait(timeout=30)
 
 
-def _wait(page: Any, expression: str, timeout_s: float = 120) -> None:
-    # page.wait_for_function evaluates a string, which the page's policy forbids
-    deadline = time.monotonic() + timeout_s
-    while not page.evaluate(expression):
-        assert time.monotonic() < deadline, f"timed out waiting for {expression}"
-        page.wait_for_timeout(50)
 
 
 def _readout(page: Any) -> dict[str, str]:
@@ -110,8 +104,8 @@ def test_zoom_from_the_whole_context_to_exact_token_weights(browser: Any, server
         assert "16,384 tokens" in (page.text_content("#long-link") or "")
         page.click("#long-link")
         page.wait_for_url(server_url)
-        _wait(page, "document.documentElement.dataset.longReady === '1'")
-        _wait(page, "document.getElementById('long-level').dataset.level === 'atlas'")
+        wait_until(page, "document.documentElement.dataset.longReady === '1'")
+        wait_until(page, "document.getElementById('long-level').dataset.level === 'atlas'")
         assert page.evaluate("window.attnvizLong.view()") == {"x0": 0, "y0": 0, "span": TOKENS}
         # the coarsest level that fits: 630 px for 16,384 tokens, 26 tokens a pixel: 32
         assert page.evaluate("document.getElementById('long-level').dataset.block") == "32"
@@ -134,7 +128,7 @@ def test_zoom_from_the_whole_context_to_exact_token_weights(browser: Any, server
             if page.evaluate("window.attnvizLong.view().span") <= 64:
                 break
         assert page.evaluate("window.attnvizLong.view().span") <= 256
-        _wait(page, "document.getElementById('long-level').dataset.level === 'exact'")
+        wait_until(page, "document.getElementById('long-level').dataset.level === 'exact'")
         view = page.evaluate("window.attnvizLong.view()")
         checked = 0
         for dx, dy in ((-250.0, 250.0), (-100.0, 200.0), (0.0, 0.0), (150.0, -150.0)):
@@ -154,7 +148,7 @@ def test_zoom_from_the_whole_context_to_exact_token_weights(browser: Any, server
 
         # the mean of the layer's heads, at the same place
         page.select_option("#long-head", "mean")
-        _wait(page, "document.getElementById('long-level').dataset.level === 'exact'")
+        wait_until(page, "document.getElementById('long-level').dataset.level === 'exact'")
         page.mouse.move(x - 100, y + 200)
         shown = _readout(page)
         q, k = int(shown["q"]), int(shown["k"])
@@ -182,7 +176,7 @@ def test_zoom_from_the_whole_context_to_exact_token_weights(browser: Any, server
         assert found == expected
         view = page.evaluate("window.attnvizLong.view()")
         assert view["x0"] <= found < view["x0"] + view["span"]
-        _wait(page, "document.getElementById('long-level').dataset.level === 'exact'")
+        wait_until(page, "document.getElementById('long-level').dataset.level === 'exact'")
     finally:
         context.close()
     assert outside == [], "the page reached beyond the server"
@@ -206,14 +200,16 @@ def test_the_offline_report_zooms_through_its_atlas_levels(browser: Any, tmp_pat
     watch(context, page, [path.resolve().as_uri()], outside, errors, requests=True)
     try:
         page.goto(path.resolve().as_uri())
-        _wait(page, "document.documentElement.dataset.longReady === '1'", 60)
-        _wait(page, "document.getElementById('long-level').dataset.level === 'atlas'", 60)
+        wait_until(page, "document.documentElement.dataset.longReady === '1'", timeout_s=60)
+        wait_until(page, "document.getElementById('long-level').dataset.level === 'atlas'",
+                   timeout_s=60)
         # 1,000 tokens on 630 px: the finest level at least a pixel is 64 (16 would be finer
         # than the report holds)
         assert page.evaluate("document.getElementById('long-level').dataset.block") == "64"
         for _ in range(4):
             page.click("#long-zoom-in")
-        _wait(page, "document.getElementById('long-level').dataset.level === 'atlas'", 60)
+        wait_until(page, "document.getElementById('long-level').dataset.level === 'atlas'",
+                   timeout_s=60)
         assert page.evaluate("document.getElementById('long-level').dataset.block") == "64"
         box = page.locator("#long-canvas").bounding_box()
         page.mouse.move(box["x"] + MARGIN_LEFT + 200.5, box["y"] + MARGIN_TOP + 400.5)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from attnviz.capture import Capture, load_capture
 from attnviz.errors import UsageError
 from attnviz.notebook import MAX_REPR_WEIGHTS, preview_page, static_html
 from attnviz.render.html import read_report_data
-from tests._browser import hover_until, watch
+from tests._browser import hover_until, wait_until, watch
 
 pytestmark = pytest.mark.slow
 
@@ -171,11 +170,6 @@ class Page:
         assert self.errors == []
 
 
-def _wait(target: Any, expression: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not target.evaluate(expression):
-        assert time.monotonic() < deadline, f"timed out waiting for {expression}"
-        time.sleep(0.05)
 
 
 def _report_frame(opened: Page, path: Path) -> Any:
@@ -183,7 +177,7 @@ def _report_frame(opened: Page, path: Path) -> Any:
     frames = [f for f in opened.page.frames if f != opened.page.main_frame]
     assert len(frames) == 1
     frame = frames[0]
-    _wait(frame, "document.documentElement.dataset.ready === '1'")
+    wait_until(frame, "document.documentElement.dataset.ready === '1'")
     return frame
 
 
@@ -293,7 +287,7 @@ def test_widget_module_two_views_on_one_page_sync_both_ways(browser, minilm_capt
         assert page.locator("#view0 #mv-grid canvas").count() == 6 * 12
         # Model -> browser (what a change from Python does): the second view follows.
         page.evaluate("attnvizModels[1].set('layer', 4); attnvizModels[1].set('heads', [1])")
-        _wait(page, "document.getElementById('view1').shadowRoot.getElementById('hm-canvas')"
+        wait_until(page, "document.getElementById('view1').shadowRoot.getElementById('hm-canvas')"
                     ".getAttribute('aria-label').includes('layer 4, head 1')")
         assert page.input_value("#view1 #layer") == "0"  # position of layer 4 in [4, 5]
         assert page.evaluate("attnvizModels[1].saves") == 0  # nothing echoed back
@@ -302,7 +296,7 @@ def test_widget_module_two_views_on_one_page_sync_both_ways(browser, minilm_capt
         page.select_option("#view1 #scale", "log")
         assert page.evaluate(f"{models}[1].values.scale") == "log"
         page.evaluate("attnvizModels[1].set('vmax', 1)")
-        _wait(page, "document.getElementById('view1').shadowRoot.getElementById('hm-canvas')"
+        wait_until(page, "document.getElementById('view1').shadowRoot.getElementById('hm-canvas')"
                     ".dataset.scale === 'log scale, top = 1.00 (fixed)'")
         # Arrow keys move the focused view only.
         page.click("#view1 #hm-canvas")
@@ -311,7 +305,7 @@ def test_widget_module_two_views_on_one_page_sync_both_ways(browser, minilm_capt
         # Tearing a view down leaves the other working.
         page.evaluate("window.attnvizCleanups[0]()")
         page.evaluate("attnvizModels[1].set('heads', [2])")
-        _wait(page, "document.getElementById('view1').shadowRoot.getElementById('hm-canvas')"
+        wait_until(page, "document.getElementById('view1').shadowRoot.getElementById('hm-canvas')"
                     ".getAttribute('aria-label').includes('head 2')")
         opened.assert_clean()
     finally:

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests._browser import hover_until, watch
+from tests._browser import hover_until, wait_until, watch
 
 pytestmark = pytest.mark.slow
 
@@ -191,27 +191,19 @@ def open_notebook(browser: Any, server: Server) -> Iterator[Any]:
         context.close()
 
 
-def _wait(target: Any, expression: str, arg: Any = None, timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = target.evaluate(expression, arg)
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {expression}"
-        target.wait_for_timeout(100)  # not time.sleep: the page's requests pass through Python
 
 
 def _report_frames(opened: Opened, count: int) -> list[Any]:
     """The copies' frames, once each report in them has drawn (the notebook draws only what
     is on screen: each is scrolled to first)."""
     page = opened.page
-    _wait(page, "n => document.querySelectorAll('iframe.attnviz-report').length >= n", count)
+    wait_until(page, "n => document.querySelectorAll('iframe.attnviz-report').length >= n", count)
     frames = []
     for index in range(count):
         element = page.locator("iframe.attnviz-report").nth(index)
         element.scroll_into_view_if_needed()
         frame = element.element_handle().content_frame()
-        _wait(frame, "document.documentElement.dataset.ready === '1'")
+        wait_until(frame, "document.documentElement.dataset.ready === '1'")
         frames.append(frame)
     return frames
 
@@ -260,7 +252,7 @@ def test_untrusted_notebook_shows_images_and_how_to_trust(open_notebook: Any, ap
     opened = open_notebook(app, "untrusted.ipynb")
     page = opened.page
     # The sanitizer strips the frames; the images and the note stay.
-    _wait(page, "n => document.querySelectorAll('.jp-OutputArea-output img').length >= n",
+    wait_until(page, "n => document.querySelectorAll('.jp-OutputArea-output img').length >= n",
           len(VIEWS) + 1)
     assert page.locator("iframe").count() == 0
     images = page.evaluate(
@@ -298,7 +290,7 @@ def _wait_connected(page: Any, server: Server, name: str, timeout_s: float = 90.
 
 
 def _live_views(page: Any, count: int) -> None:
-    _wait(page, """n => Array.from(document.querySelectorAll('[data-attnviz-live]'))
+    wait_until(page, """n => Array.from(document.querySelectorAll('[data-attnviz-live]'))
                          .filter(e => e.dataset.ready === '1').length >= n""", count,
           timeout_s=90)
 
@@ -339,7 +331,7 @@ def test_new_kernel_restores_the_widgets_which_take_the_arrow_keys(
         page.keyboard.press("ArrowDown")
         page.keyboard.press("ArrowRight")
         # The view moved (layer 1 -> 2, head 2 -> 3); the notebook's active cell did not.
-        _wait(page, """() => {
+        wait_until(page, """() => {
             const root = document.querySelectorAll('[data-attnviz-live]')[0].shadowRoot;
             return root.getElementById('hm-canvas').getAttribute('aria-label')
                        .includes('layer 2, head 3'); }""")
@@ -432,7 +424,7 @@ def test_running_notebook_shows_the_live_widget_only(open_notebook: Any, server:
         page.get_by_role("menuitem", name="Run", exact=True).click()
         page.click("[data-command='runmenu:run-all']")
         # The saved widgets (disconnected) give way to live ones, connected to the kernel.
-        _wait(page, """n => Array.from(document.querySelectorAll('[data-attnviz-live]'))
+        wait_until(page, """n => Array.from(document.querySelectorAll('[data-attnviz-live]'))
                  .filter(e => e.dataset.ready === '1'
                               && !e.classList.contains('jupyter-widgets-disconnected'))
                  .length >= n""", len(VIEWS), timeout_s=120)
@@ -454,7 +446,7 @@ def test_running_notebook_shows_the_live_widget_only(open_notebook: Any, server:
         page.keyboard.down("Shift")
         page.mouse.click(x, y)
         page.keyboard.up("Shift")
-        _wait(page, """() => document.querySelectorAll('[data-attnviz-live]')[0].shadowRoot
+        wait_until(page, """() => document.querySelectorAll('[data-attnviz-live]')[0].shadowRoot
                  .getElementById('hm-canvas').getAttribute('aria-label').includes('head 5')""")
         # A cell of our own at the end prints what Python holds.
         page.locator(".jp-Notebook .jp-Cell").last.locator(".jp-InputPrompt").click()
@@ -462,7 +454,7 @@ def test_running_notebook_shows_the_live_widget_only(open_notebook: Any, server:
         page.keyboard.press("Enter")
         page.keyboard.type(LIVE_CHECK)
         page.keyboard.press("Shift+Enter")
-        _wait(page, """() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))
+        wait_until(page, """() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))
                  .some(e => e.innerText.includes('selected: 1 [5]'))""")
         assert opened.outside == []
     finally:

@@ -9,7 +9,6 @@ token-level cell shows the capture's weight.
 from __future__ import annotations
 
 import base64
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 from attnviz.errors import AttnvizError
 from attnviz.notebook_long import LongAttentionView, show_long
 from attnviz.render.html import script_json
-from tests._browser import watch
+from tests._browser import wait_until, watch
 from tests.long_fixtures import build_tiny_llama, build_tiny_mistral, capture_tiny_llama
 
 TOKENS = 600
@@ -111,11 +110,6 @@ render({ model, el: document.getElementById("view") });
 </script></body></html>""")
 
 
-def _wait(page: Any, expression: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not page.evaluate(expression):
-        assert time.monotonic() < deadline, f"timed out waiting for {expression}"
-        page.wait_for_timeout(50)
 
 
 SHADOW = "document.getElementById('view').shadowRoot"
@@ -144,8 +138,8 @@ def test_the_widget_zooms_to_exact_weights_asked_of_the_kernel(browser: Any, cap
     page.expose_function("attnvizKernel", kernel)
     try:
         page.set_content(_stand_in_page(view))
-        _wait(page, "document.getElementById('view').dataset.longReady === '1'")
-        _wait(page, f"{SHADOW}.getElementById('long-level').dataset.level === 'atlas'")
+        wait_until(page, "document.getElementById('view').dataset.longReady === '1'")
+        wait_until(page, f"{SHADOW}.getElementById('long-level').dataset.level === 'atlas'")
         assert page.evaluate(f"{SHADOW}.getElementById('long-level').dataset.block") == "16"
         canvas = page.locator("#view #long-canvas").bounding_box()
         x, y = canvas["x"] + 110 + 250.5, canvas["y"] + 86 + 420.5
@@ -153,7 +147,7 @@ def test_the_widget_zooms_to_exact_weights_asked_of_the_kernel(browser: Any, cap
         for _ in range(6):
             page.mouse.wheel(0, -400)
             page.wait_for_timeout(60)
-        _wait(page, f"{SHADOW}.getElementById('long-level').dataset.level === 'exact'")
+        wait_until(page, f"{SHADOW}.getElementById('long-level').dataset.level === 'exact'")
         page.mouse.move(x - 40, y + 60)
         shown = page.evaluate(f"Object.assign({{}}, {SHADOW}.getElementById('long-readout')"
                               ".dataset)")
@@ -163,7 +157,7 @@ def test_the_widget_zooms_to_exact_weights_asked_of_the_kernel(browser: Any, cap
         assert q >= k and value > 0
         assert float(shown["value"]) == pytest.approx(value, abs=1e-6)
         assert {"atlas", "tile", "stats"} <= set(asked)
-        _wait(page, f"{SHADOW}.getElementById('long-stats').rows.length === 5")  # 4 heads
+        wait_until(page, f"{SHADOW}.getElementById('long-stats').rows.length === 5")  # 4 heads
     finally:
         context.close()
     assert outside == [] and errors == []
@@ -199,10 +193,10 @@ def test_keys_outside_a_sliding_window_are_drawn_as_masked(browser: Any,
     _connect(page, view)
     try:
         page.set_content(_stand_in_page(view))
-        _wait(page, "document.getElementById('view').dataset.longReady === '1'")
+        wait_until(page, "document.getElementById('view').dataset.longReady === '1'")
         page.evaluate("document.getElementById('view').attnvizLong"
                       ".setView({x0: 100, y0: 150, span: 40})")
-        _wait(page, f"{SHADOW}.getElementById('long-level').dataset.level === 'exact'")
+        wait_until(page, f"{SHADOW}.getElementById('long-level').dataset.level === 'exact'")
         box = page.locator("#view #long-canvas").bounding_box()
         size = 630 / 40  # pixels a token
 

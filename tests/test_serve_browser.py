@@ -29,7 +29,7 @@ import pytest
 
 from attnviz.analysis.explain import explain_head
 from attnviz.models.toy import ToyConfig
-from tests._browser import hover_until, watch
+from tests._browser import hover_until, wait_until, watch
 
 pytestmark = pytest.mark.slow
 
@@ -106,10 +106,7 @@ class Opened:
             self.page.wait_for_timeout(50)
 
     def wait_for(self, expression: str, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.page.evaluate(expression):
-            assert time.monotonic() < deadline, f"timed out waiting for {expression}"
-            self.page.wait_for_timeout(50)
+        wait_until(self.page, expression, timeout_s=timeout_s)
 
 
 @pytest.fixture
