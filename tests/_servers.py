@@ -34,3 +34,72 @@ def thread_server(app: Any, *, start_timeout: float = 20.0) -> Iterator[str]:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+class ServeProcess:
+    """``attnviz serve`` in a subprocess on 127.0.0.1, port chosen by the system, in its own
+    process group (so :meth:`close` ends it with everything it started).
+
+    The constructor returns once the address line matching ``pattern`` (its first group is
+    :attr:`url`) is printed, failing with the output so far past ``start_timeout`` seconds or
+    when the process ends first. Every output line (stdout and stderr) lands in :attr:`output`
+    and :attr:`lines`.
+    """
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None,
+                 pattern: str = r"attnviz serve: (http://127\.0\.0\.1:\d+/)",
+                 start_timeout: float = 60.0) -> None:
+        import os
+        import queue
+        import re
+        import subprocess
+        import sys
+
+        environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                       **(env or {})}
+        environment.pop("ATTNVIZ_SERVER", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "attnviz", "serve", "--host", "127.0.0.1", "--port", "0",
+             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=environment, start_new_session=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        for stream in (self.process.stdout, self.process.stderr):
+            threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+        self.url = ""
+        try:
+            deadline = time.monotonic() + start_timeout
+            while not self.url:
+                assert time.monotonic() < deadline and self.process.poll() is None, self.text()
+                try:
+                    line = self.lines.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                match = re.search(pattern, line)
+                self.url = match.group(1) if match else ""
+        except BaseException:
+            self.close()
+            raise
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.output.append(line)
+            self.lines.put(line)
+
+    def text(self) -> str:
+        return "".join(self.output)
+
+    def close(self) -> None:
+        """End the server and its process group, if still running."""
+        import os
+        import signal
+
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

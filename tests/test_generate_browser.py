@@ -7,14 +7,7 @@ Skipped only when no Chromium is installed.
 
 from __future__ import annotations
 
-import os
-import queue
 import re
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +17,7 @@ import pytest
 
 from attnviz.session import Session
 from tests._browser import wait_until, watch
+from tests._servers import ServeProcess
 from tests.test_generate import PROMPT, _save
 
 pytestmark = pytest.mark.slow
@@ -41,44 +35,10 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server_url(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "ATTNVIZ_CACHE_DIR": str(tmp_path_factory.mktemp("serve-cache")),
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    env.pop("ATTNVIZ_SERVER", None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "attnviz", "serve", "--model", str(llama), "--host",
-         "127.0.0.1", "--port", "0", "--device", "cpu"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True)
-    lines: queue.Queue[str] = queue.Queue()
-    output: list[str] = []
-
-    def read(stream: Any) -> None:
-        for line in stream:
-            output.append(line)
-            lines.put(line)
-
-    for stream in (process.stdout, process.stderr):
-        threading.Thread(target=read, args=(stream,), daemon=True).start()
-    try:
-        url = None
-        deadline = time.monotonic() + 60
-        while url is None:
-            assert time.monotonic() < deadline and process.poll() is None, "".join(output)
-            try:
-                line = lines.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            match = re.search(r"attnviz serve: (http://127\.0\.0\.1:\d+/)", line)
-            if match:
-                url = match.group(1)
-        yield url
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-
-
+    with ServeProcess("--model", str(llama), "--device", "cpu", env={
+            "ATTNVIZ_CACHE_DIR": str(tmp_path_factory.mktemp("serve-cache")),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}) as served:
+        yield served.url
 
 
 def test_generate_panel_streams_rows(browser: Any, server_url: str, llama: Path) -> None:

@@ -9,14 +9,6 @@ capture's own ``atlas`` and ``tile``. Every request beyond the server is aborted
 
 from __future__ import annotations
 
-import os
-import queue
-import re
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests._browser import wait_until, watch
+from tests._servers import ServeProcess
 from tests.long_fixtures import build_tiny_llama, capture_tiny_llama
 
 pytestmark = pytest.mark.slow
@@ -38,46 +31,13 @@ def long_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return capture_tiny_llama(model, TOKENS, tmp_path_factory.mktemp("long16k") / "capture")
 
 
-def _read_lines(stream: Any, lines: queue.Queue[str], keep: list[str]) -> None:
-    for line in stream:
-        keep.append(line)
-        lines.put(line)
-
-
 @pytest.fixture(scope="module")
 def server_url(long_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "ATTNVIZ_CACHE_DIR": str(tmp_path_factory.mktemp("long-serve-cache"))}
-    env.pop("ATTNVIZ_SERVER", None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "attnviz", "serve", "--model", "toy", "--long-from",
-         str(long_folder), "--host", "127.0.0.1", "--port", "0", "--timeout", "600"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True)
-    output: list[str] = []
-    lines: queue.Queue[str] = queue.Queue()
-    for stream in (process.stdout, process.stderr):
-        threading.Thread(target=_read_lines, args=(stream, lines, output), daemon=True).start()
-    try:
-        url = None
-        deadline = time.monotonic() + 120
-        while url is None:
-            assert time.monotonic() < deadline and process.poll() is None, "".join(output)
-            try:
-                line = lines.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            match = re.search(r"Long context \(16,384 tokens\): (http://127\.0\.0\.1:\d+/long)",
-                              line)
-            if match:
-                url = match.group(1)
-        yield url
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-
-
+    with ServeProcess("--model", "toy", "--long-from", str(long_folder), "--timeout", "600",
+                      env={"ATTNVIZ_CACHE_DIR": str(tmp_path_factory.mktemp("long-serve-cache"))},
+                      pattern=r"Long context \(16,384 tokens\): (http://127\.0\.0\.1:\d+/long)",
+                      start_timeout=120) as served:
+        yield served.url
 
 
 def _readout(page: Any) -> dict[str, str]:

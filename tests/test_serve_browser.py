@@ -9,13 +9,7 @@ recorded, and each test asserts there were none. Skipped only when no Chromium i
 from __future__ import annotations
 
 import io
-import os
-import queue
-import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -30,6 +24,7 @@ import pytest
 from attnviz.analysis.explain import explain_head
 from attnviz.models.toy import ToyConfig
 from tests._browser import hover_until, wait_until, watch
+from tests._servers import ServeProcess
 
 pytestmark = pytest.mark.slow
 
@@ -37,50 +32,11 @@ TOY_TEXT = "the robot picked up the red ball"
 VIEW = ".report-view:not(.pending)"  # the mounted report (Playwright's CSS pierces its shadow)
 
 
-@dataclass
-class Server:
-    process: subprocess.Popen[str]
-    url: str
-    output: list[str] = field(default_factory=list)
-
-
-def _read_lines(stream: Any, lines: queue.Queue[str], keep: list[str]) -> None:
-    for line in stream:
-        keep.append(line)
-        lines.put(line)
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "ATTNVIZ_CACHE_DIR": str(tmp_path_factory.mktemp("serve-cache"))}
-    env.pop("ATTNVIZ_SERVER", None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "attnviz", "serve", "--model", "minilm", "--model", "toy",
-         "--host", "127.0.0.1", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True)  # its own process group: killed as a whole below
-    output: list[str] = []
-    lines: queue.Queue[str] = queue.Queue()
-    for stream in (process.stdout, process.stderr):
-        threading.Thread(target=_read_lines, args=(stream, lines, output), daemon=True).start()
-    try:
-        url = None
-        deadline = time.monotonic() + 60
-        while url is None:
-            assert time.monotonic() < deadline and process.poll() is None, "".join(output)
-            try:
-                line = lines.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            match = re.search(r"attnviz serve: (http://127\.0\.0\.1:\d+/)", line)
-            if match:
-                url = match.group(1)
-        yield Server(process, url, output)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    with ServeProcess("--model", "minilm", "--model", "toy", env={
+            "ATTNVIZ_CACHE_DIR": str(tmp_path_factory.mktemp("serve-cache"))}) as served:
+        yield served
 
 
 @dataclass
@@ -110,7 +66,7 @@ class Opened:
 
 
 @pytest.fixture
-def open_page(browser: Any, server: Server) -> Iterator[Any]:
+def open_page(browser: Any, server: ServeProcess) -> Iterator[Any]:
     contexts: list[Any] = []
 
     def opener(fragment: str = "", wait: bool = True) -> Opened:
@@ -317,7 +273,7 @@ def test_downloads(open_page: Any, minilm: Any, tmp_path: Path) -> None:
 
 
 def test_server_going_away_is_a_clear_message_and_ctrl_c_stops_it(open_page: Any,
-                                                                  server: Server) -> None:
+                                                                  server: ServeProcess) -> None:
     opened = open_page(_fragment("The server will stop now"))
     server.process.send_signal(signal.SIGINT)  # Ctrl-C
     assert server.process.wait(timeout=30) == 0

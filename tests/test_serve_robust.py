@@ -18,6 +18,7 @@ import attnviz.models as models
 from attnviz.models import ModelSpec
 from attnviz.models.toy import ToyConfig, ToySource
 from attnviz.session import Session
+from tests._servers import ServeProcess
 
 SENTENCE = "The cat sat on the mat"
 BASE = "http://127.0.0.1:8000"
@@ -170,44 +171,11 @@ def test_a_capture_over_the_weights_limit_is_refused_before_the_forward_pass(
 
 
 # --------------------------------------------------------------------------- attnviz serve
-class _Serve:
-    """``attnviz serve`` in a subprocess on 127.0.0.1 (its own process group, always ended)."""
+class _Serve(ServeProcess):
+    """``attnviz serve`` in a subprocess (tests/_servers.py), with requests to it."""
 
     def __init__(self, *args: str) -> None:
-        import os
-        import queue
-        import re
-        import subprocess
-        import sys
-
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        env.pop("ATTNVIZ_SERVER", None)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "attnviz", "serve", "--host", "127.0.0.1", "--port", "0",
-             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-            start_new_session=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        for stream in (self.process.stdout, self.process.stderr):
-            threading.Thread(target=self._read, args=(stream,), daemon=True).start()
-        deadline = time.monotonic() + 60
-        self.url = ""
-        while not self.url:
-            assert time.monotonic() < deadline and self.process.poll() is None, self.text()
-            try:
-                line = self.lines.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            match = re.search(r"attnviz serve: (http://127\.0\.0\.1:\d+)/", line)
-            self.url = match.group(1) if match else ""
-
-    def _read(self, stream: Any) -> None:
-        for line in stream:
-            self.output.append(line)
-            self.lines.put(line)
-
-    def text(self) -> str:
-        return "".join(self.output)
+        super().__init__(*args, pattern=r"attnviz serve: (http://127\.0\.0\.1:\d+)/")
 
     def get(self, path: str) -> tuple[int, Any]:
         import json
@@ -251,14 +219,6 @@ class _Serve:
         except subprocess.TimeoutExpired:
             self.close()
             raise
-
-    def close(self) -> None:
-        import os
-        import signal
-
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
 
 
 def test_ctrl_c_while_torch_is_busy_and_requests_wait_stops_cleanly() -> None:
