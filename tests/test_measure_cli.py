@@ -218,6 +218,16 @@ def test_dump_and_from(invoke: Any, cli_minilm: Any, tmp_path: Path,
     other = invoke("top-k", "--from", out, "--measure", "weights", "-l", "3", "--head", "0")
     assert_clean(other, 2, "holds the measure norm, not weights")
     assert other.stderr.count("Error:") == 1
+    # export --from checks a measure named explicitly too, before writing anything; without
+    # --measure it exports what the capture holds.
+    figs = tmp_path / "figs"
+    wrong = invoke("export", "--from", out, "--measure", "weights", "--figures", "overview",
+                   "-o", figs)
+    assert_clean(wrong, 2, "holds the measure norm, not weights")
+    assert not figs.exists()
+    for flags in ((), ("--measure", "norm")):
+        kept = invoke("export", "--from", out, *flags, "--figures", "overview", "-o", figs)
+        assert kept.exit_code == 0, kept.output
     # A dump of a cached capture (the second run) writes the same record.
     again = invoke("dump", SENTENCE, "--measure", "norm", "--layers", "0,3", "-o",
                    tmp_path / "again.npy")

@@ -134,6 +134,26 @@ def _items(texts: list[str], dumps: list[Path],
         yield from lines
 
 
+def _check_saved_measures(dumps: list[Path], measure: str) -> None:
+    """Refuse saved captures of another measure than --measure names (given explicitly);
+    a capture that cannot be read is left to the export, which reports it for that item."""
+    from attnviz.capture import load_capture
+    from attnviz.errors import AttnvizError
+    from attnviz.long_session import is_long_folder
+
+    for dump in dumps:
+        if is_long_folder(dump):
+            continue  # a long capture holds weights; export --long refuses a measure itself
+        try:
+            held = load_capture(dump, mmap=True).measure
+        except AttnvizError:
+            continue
+        if held != measure:
+            raise UsageError(f"{dump} holds the measure {held}, not {measure}",
+                             "leave out --measure to export saved captures as they are, or "
+                             f"dump the text again with --measure {measure}")
+
+
 def _long_applies(plan: ExportOptions, dumps: list[Path]) -> bool:
     """Whether an export could take the long path by itself: it keeps every head of whole
     inputs, as words of the model's own tokens, and its saved captures (if any) are long."""
@@ -406,6 +426,8 @@ def export(
                             vmax=parse_vmax(vmax), tokens=tokens, queries=queries, keys=keys,
                             measure=options.measure or "weights")
     plan.check()
+    if options.measure is not None:
+        _check_saved_measures(dump_list, plan.measure)
     request = options.model_request(layers=_all_is_none(layers), heads=_all_is_none(heads),
                                     long_path=True)
     if request.long is None and dump_list and not text_list and input_file is None:

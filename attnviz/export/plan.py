@@ -223,7 +223,8 @@ class ExportOptions:
         tokens, queries, keys: windows of every figure (``"10:40"``, ``"bank:loan"``; see
             ``attnviz.analysis.tokens.parse_window``).
         measure: what the texts' figures show: ``weights`` or a measure of
-            :mod:`attnviz.measures` (``norm``...); saved captures show what they hold.
+            :mod:`attnviz.measures` (``norm``...); saved captures show what they hold (the
+            command line refuses one of another measure when ``--measure`` is named).
     """
 
     fmt: str = "png"
