@@ -123,16 +123,17 @@ def draw_head_artists(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[st
             layout = None
             fig = ax.get_figure()  # type: ignore[assignment]
             assert isinstance(fig, Figure)
-            cax, plot_w, plot_h, bar_label = _fit_into_axes(ax, fig, rows, cols, title,
-                                                            resolved.label(label))
+            fitted = _fit_into_axes(ax, fig, rows, cols, title, resolved.label(label),
+                                    names=(row_name, col_name))
+            cax, plot_w, plot_h, bar_label = fitted.cax, fitted.width, fitted.height, \
+                fitted.bar_label
+            row_name, col_name = fitted.row_name, fitted.col_name
             label_size = LABEL_PT
-            row_step = max(1, math.ceil(CELL_LABEL_IN / max(plot_h / num_query, 1e-6) - 1e-9))
-            col_step = max(1, math.ceil(CELL_LABEL_IN / max(plot_w / num_key, 1e-6) - 1e-9))
+            row_step, col_step = fitted.row_step, fitted.col_step
             annotate = bool(annot) if annot is not None else (
                 max(num_query, num_key) <= ANNOT_MAX_TOKENS
                 and min(plot_w / num_key, plot_h / num_query) >= CELL_ANNOT_IN)
-            row_notes = (f"every {_ordinal(row_step)} token labelled",) if row_step > 1 else ()
-            col_notes = (f"every {_ordinal(col_step)} token labelled",) if col_step > 1 else ()
+            row_notes, col_notes = fitted.row_notes, fitted.col_notes
             title_width = max(plot_w, 1.0)
             row_room = col_room = LABEL_IN - LABEL_GAP_IN
         image = ax.imshow(rgb, aspect="auto", interpolation="nearest")
@@ -168,8 +169,41 @@ def draw_head_artists(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[st
                        annotate)
 
 
+@dataclass
+class _Fitted:
+    """A heatmap fitted into an axes of the user's figure (sizes in inches)."""
+
+    cax: Axes
+    width: float
+    height: float
+    bar_label: str
+    row_step: int  # every how many tokens a label
+    col_step: int
+    row_name: str  # the axis names, shortened or wrapped to their room
+    col_name: str
+    row_notes: tuple[str, ...]
+    col_notes: tuple[str, ...]
+
+
+def _steps(size: float, count: int) -> tuple[int, tuple[str, ...]]:
+    """Every how many of ``count`` tokens along ``size`` inches a label fits, and the note."""
+    step = max(1, math.ceil(CELL_LABEL_IN / max(size / max(count, 1), 1e-6) - 1e-9))
+    return step, ((f"every {_ordinal(step)} token labelled",) if step > 1 else ())
+
+
+def _fit_name(name: str, notes: tuple[str, ...], room: float) -> tuple[str, tuple[str, ...]]:
+    """An axis name and notes that fit ``room`` inches: the name's first word ("key" for
+    "key (attended to)") when the whole does not fit, then the notes on a second line."""
+    if text_width("; ".join([name, *notes]), AXIS_PT) <= room:
+        return name, notes
+    name = name.split(" ")[0]
+    if not notes or text_width("; ".join([name, *notes]), AXIS_PT) <= room:
+        return name, notes
+    return wrap_text("; ".join([name, *notes]), room, AXIS_PT, max_lines=2), ()
+
+
 def _fit_into_axes(ax: Axes, fig: Figure, rows: Sequence[str], cols: Sequence[str],
-                   title: str, bar_label: str) -> tuple[Axes, float, float, str]:
+                   title: str, bar_label: str, *, names: tuple[str, str]) -> _Fitted:
     """Fit a heatmap, its labels, colour bar and title into the box of an axes of the user's
     figure, so that nothing reaches into a neighbouring panel (a 1x2 ``subplots`` figure).
 
@@ -178,9 +212,13 @@ def _fit_into_axes(ax: Axes, fig: Figure, rows: Sequence[str], cols: Sequence[st
     (``tight_layout``, constrained layout) that moves or resizes the box moves all of it. The
     colour bar is an inset of the heatmap's axes, as tall as the plot.
 
+    The axis names (``names``: rows', columns') and their "every 2nd token labelled" notes
+    are fitted to the room beside the plot: shortened to their first word, then wrapped onto
+    a second line, whose room is kept.
+
     Returns:
-        ``(colour bar axes, plot width, plot height, colour bar label)``, sizes in inches
-        for the box as it is now; the label is wrapped to the bar's height.
+        the colour bar axes, the plot's size in inches for the box as it is now, the colour
+        bar's label wrapped to its height, and the axis names and label steps.
     """
     fig_w, fig_h = (float(v) for v in fig.get_size_inches())
     box = ax.get_position(original=True)
@@ -191,22 +229,35 @@ def _fit_into_axes(ax: Axes, fig: Figure, rows: Sequence[str], cols: Sequence[st
         return max((text_width(shorten(t, room, LABEL_PT), LABEL_PT) for t in labels),
                    default=0.0)
 
-    left = AXIS_LABEL_IN + widest(rows) + LABEL_GAP_IN + 0.04
-    bottom = AXIS_LABEL_IN + widest(cols) + LABEL_GAP_IN + 0.04
+    row_name, col_name = names
+    line = AXIS_PT * 1.25 / 72  # a second line of an axis name
     ticks = max(text_width(t, 8.0) for t in ("0.0068", "0.25", "1e-3"))
     plot_w, plot_h, top, right, wrapped = width, height, 0.0, 0.0, bar_label
-    for _ in range(2):  # title lines follow the width, the label's lines the height
+    rows_named: tuple[str, tuple[str, ...]] = (row_name, ())
+    cols_named: tuple[str, tuple[str, ...]] = (col_name, ())
+    for _ in range(3):  # title lines follow the width, the label's lines the height
+        left = AXIS_LABEL_IN + rows_named[0].count("\n") * line + widest(rows) + LABEL_GAP_IN \
+            + 0.04
+        bottom = AXIS_LABEL_IN + cols_named[0].count("\n") * line + widest(cols) \
+            + LABEL_GAP_IN + 0.04
         top = title_lines(title, max(plot_w, 1.0)) * TITLE_LINE_IN + 0.12
         plot_h = max(height - bottom - top, 0.3 * height)
         wrapped = wrap_bar_label(bar_label, plot_h)
         label_w = (wrapped.count("\n") + 1) * 8.5 * 1.3 / 72
         right = COLOURBAR_GAP_IN + COLOURBAR_WIDTH_IN + 0.12 + ticks + 0.08 + label_w + 0.04
         plot_w = max(width - left - right, 0.3 * width)
+        # a name centred on the plot may reach into the margins, as far as the nearer one
+        cols_named = _fit_name(col_name, _steps(plot_w, len(cols))[1],
+                               plot_w + 2 * min(left, right) - 0.1)
+        rows_named = _fit_name(row_name, _steps(plot_h, len(rows))[1],
+                               plot_h + 2 * min(bottom, top) - 0.1)
     inside = _InsideBox(ax, fig, left, bottom, right, top)
     ax.set_axes_locator(inside)
     cax = ax.inset_axes((1 + COLOURBAR_GAP_IN / plot_w, 0.0, COLOURBAR_WIDTH_IN / plot_w, 1.0))
     cax.set_axes_locator(inside.bar)  # in inches beside the plot, whatever its size
-    return cax, plot_w, plot_h, wrapped
+    return _Fitted(cax, plot_w, plot_h, wrapped, _steps(plot_h, len(rows))[0],
+                   _steps(plot_w, len(cols))[0], rows_named[0], cols_named[0], rows_named[1],
+                   cols_named[1])
 
 
 class _InsideBox:
