@@ -506,6 +506,46 @@ def _check_replaceable(folder: _Folder, name: str, existing: os.stat_result,
                             "standard output")
 
 
+def check_output(path: Path | str | None, option: str = "-o", *, folder: bool = False
+                 ) -> None:
+    """Refuse, before any work, an output that cannot be written as asked: a device, pipe or
+    socket, or a link to one, or a stream (``/dev/stdout``, ``/proc/self/fd/1``); and an
+    existing folder where a file is meant (``folder=False``). A usage error (exit 2) naming
+    the option. The write itself checks again (:func:`atomic_path`)."""
+    if path is None:
+        return
+    target = Path(path)
+    try:
+        existing = os.lstat(target)
+    except OSError:
+        return  # nothing there yet (or nothing to tell): the write says what is wrong
+    kind = _special_kind(existing.st_mode)
+    what = f"{target} is {kind}"
+    if stat.S_ISLNK(existing.st_mode):
+        try:
+            leads = os.readlink(target)
+            pointed = os.stat(target)
+        except OSError:
+            return  # dangling or looping: replaced by the write, never followed
+        kind = _special_kind(pointed.st_mode)
+        what = f"{target} is a link to {kind}"
+        home = os.path.realpath(target.parent)
+        if kind is None and (home == "/dev" or leads.startswith(("/proc/", "/dev/fd/",
+                                                                  "/dev/std"))):
+            kind, what = "a stream", f"{target} is a link to {leads}"
+        existing = pointed
+    if kind is None and os.path.realpath(target.parent).startswith("/proc/"):
+        kind, what = "a stream", f"{target} is a process's file descriptor"
+    if kind is not None:
+        raise NotAFileError(f"{option} {target}: {what}, not a regular file (attnviz writes a "
+                            "new file and renames it into place)",
+                            "name a file to write; leave out -o where a command prints to "
+                            "standard output")
+    if stat.S_ISDIR(existing.st_mode) and not folder:
+        raise NotAFileError(f"{option} {target}: it is a folder; {option} names a file",
+                            f"name a file in it: {option} {target}{os.sep}NAME")
+
+
 @contextlib.contextmanager
 def atomic_path(target: Path | str, *, root: Path | str | None = None) -> Iterator[Path]:
     """Yield a new temporary path in the target's folder; rename it onto ``target`` on success.

@@ -478,6 +478,9 @@ def _stream_target(kind: str, folder: Path, name: str) -> tuple[Path, str]:
     (["heatmap", "a b", *TOY, "--layer", "0", "--head", "0"], "out.png"),
     (["html", "a b", *TOY], "out.html"),
     (["rollout", "a b", *TOY], "out.png"),
+    (["dump", "a b", *TOY], "out"),
+    (["compare", "a b", "a c", *TOY, "-l", "0", "--head", "0"], "out.png"),
+    (["generate", "a b", *TOY], "out.csv"),
 ])
 def test_a_device_pipe_or_stream_link_is_never_replaced(invoke, tmp_path: Path, kind: str,
                                                         command: list[str], name: str) -> None:
@@ -492,6 +495,22 @@ def test_a_device_pipe_or_stream_link_is_never_replaced(invoke, tmp_path: Path, 
 
         assert stat.S_ISFIFO(target.lstat().st_mode)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("command", [
+    ["top-k", "a b", *TOY, "-l", "0", "--head", "0"], ["heads", "a b", *TOY, "-f", "csv"],
+    ["heatmap", "a b", *TOY, "--layer", "0", "--head", "0"], ["html", "a b", *TOY],
+    ["rollout", "a b", *TOY], ["compare", "a b", "a c", *TOY, "-l", "0", "--head", "0"],
+    ["generate", "a b", *TOY]])
+def test_an_existing_folder_as_an_output_file_is_a_usage_error(invoke, tmp_path: Path,
+                                                               command: list[str]) -> None:
+    """Said as such, before any work (it read "cannot tell the image format" or exit 1)."""
+    folder = tmp_path / "figs"
+    folder.mkdir()
+    (folder / "kept.txt").write_text("mine")
+    output = " ".join(_clean(invoke(*command, "-o", folder), 2).split())
+    assert f"{folder}: it is a folder" in output and "names a file" in output
+    assert [p.name for p in folder.iterdir()] == ["kept.txt"]
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="Linux /proc")

@@ -311,7 +311,7 @@ def test_html_command_default_name(invoke, tmp_path: Path, monkeypatch) -> None:
     (["--input", "BADJSON"], 2, "line 1: invalid JSON"),
     (["text", "--precision", "12"], 2, "--precision 12"),
     (["text", "-o", "report.txt"], 2, "does not end in .html"),
-    (["text", "-o", "DIR"], 1, "it is a folder"),
+    (["text", "-o", "DIR"], 2, "it is a folder"),
     ([], 2, "give a TEXT"),
 ])
 def test_html_command_errors(invoke, tmp_path: Path, args, code, fragment) -> None:

@@ -19,10 +19,13 @@ from attnviz.cli._common import (  # noqa: F401  (toy options re-exported for th
     warn,
 )
 from attnviz.errors import UsageError
+from attnviz.fileio import check_output
 
 
 def check_image_path(path: Path | None, option: str) -> None:
-    """Refuse an image path whose suffix is not .png, .svg or .pdf."""
+    """Refuse an image path that is not a file to write (:func:`attnviz.fileio.check_output`)
+    or whose suffix is not .png, .svg or .pdf."""
+    check_output(path, option)
     if path is not None and path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise UsageError(f"cannot tell the image format of {option} {path}",
                          "end the file name in .png, .svg or .pdf")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from attnviz.capture import Capture
-from attnviz.cli._analysis_common import view_suffix
+from attnviz.cli._analysis_common import check_image_path, view_suffix
 from attnviz.cli._app import app
 from attnviz.cli._common import (
     OUTPUT_PANEL,
@@ -37,6 +37,7 @@ from attnviz.cli._common import (
     warn,
 )
 from attnviz.errors import UsageError
+from attnviz.fileio import check_output
 
 if TYPE_CHECKING:
     pass
@@ -149,9 +150,7 @@ def heatmap(
     head_choice = _parse_head(head)
     if head_choice is not None and layer is None:
         raise UsageError("--head needs --layer", "example: --layer 5 --head 3")
-    if out is not None and out.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise UsageError(f"cannot tell the image format of {out}",
-                         "end the file name in .png, .svg or .pdf")
+    check_image_path(out, "-o")
     from attnviz.render import heatmap as render
 
     render.check_cmap(cmap)
@@ -298,6 +297,7 @@ def top_k_command(
 
       cat book.txt | attnviz top-k - --model ./llama --long -l 2 --head 3 -f csv -o top.csv
     """
+    check_output(out)
     import attnviz.cli._long as _long
 
     head_choice = _parse_head(head)
@@ -382,6 +382,7 @@ def dump(
 
       cat book.txt | attnviz dump - --model ./llama --long --long-dtype bfloat16 -o book/
     """
+    check_output(out, folder=True)
     request = options.request(layers=layers, heads=heads, long_path=True)
     if out.suffix.lower() in _NOT_A_CAPTURE and not out.exists():
         raise UsageError(f"-o {out}: a capture is written as a folder (attention.npy and "

@@ -33,6 +33,7 @@ from attnviz.cli._common import (
     warn,
 )
 from attnviz.cli.core import TableFormat, _parse_head, key_label
+from attnviz.fileio import check_output
 
 if TYPE_CHECKING:
     from attnviz.long.generate import Generation
@@ -186,10 +187,12 @@ def generate_command(
 
       attnviz generate "Once upon a time" -m ./my-llama --sample --seed 7 --dump story/
     """
+    check_output(out)
     from attnviz.errors import UsageError
     from attnviz.selection import resolve_index
 
     head_choice = _parse_head(head)
+    check_output(dump, "--dump", folder=True)
     if dump is not None and dump.exists() and not dump.is_dir():  # before the model loads
         raise UsageError(f"--dump {dump}: a file with that name exists; --dump names a folder "
                          "(rows.npy and generation.json go in it)",

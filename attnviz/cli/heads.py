@@ -52,6 +52,7 @@ from attnviz.cli._engine import (
 )
 from attnviz.cli.core import TableFormat
 from attnviz.errors import UsageError
+from attnviz.fileio import check_output
 
 if TYPE_CHECKING:
     from attnviz.long import LongCapture
@@ -386,6 +387,7 @@ def heads_command(
     words: WordsOpt = False,
 ) -> None:
     """Head statistics and pattern labels of a text, a capture or a corpus."""
+    check_output(out)
     from attnviz.analysis.heads import head_report, measure_induction
 
     sort_key = sort.value

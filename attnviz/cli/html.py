@@ -27,6 +27,7 @@ from attnviz.cli._common import (
     warn,
 )
 from attnviz.errors import InputError, UsageError
+from attnviz.fileio import check_output
 from attnviz.request import check_text
 
 if TYPE_CHECKING:
@@ -197,6 +198,7 @@ def html_command(
 
       attnviz html --long-from book_long/ -o book.html
     """
+    check_output(out)
     if precision not in (8, 16):
         raise UsageError(f"--precision {precision} is not supported", "use 8 or 16")
     if out is not None and out.suffix.lower() not in (".html", ".htm"):
