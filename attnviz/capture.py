@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from attnviz.capture_build import (  # noqa: F401  (guess_word_ids re-exported)
     attention_fields,
     clean_token,
+    escape_controls,
     guess_word_ids,
     measure_label,
     model_label,
@@ -116,14 +117,20 @@ class Capture:
     def __post_init__(self) -> None:
         if not self.display_tokens:
             self.display_tokens = [clean_token(t) for t in self.tokens]
+        elif any(not t.isprintable() for t in self.display_tokens):  # from a file or server
+            self.display_tokens = [escape_controls(t) for t in self.display_tokens]
 
     def __repr__(self) -> str:
         """One line (what a notebook shows as text): the weights are not written out."""
         text = " ".join(self.text.split())
         short = text if len(text) <= 40 else text[:39] + "\u2026"
         measure = self.meta.get("measure")
-        return (f"Capture({self.model!r}: {self.num_tokens} tokens, {len(self.layers)} layers "
-                f"x {len(self.heads)} heads" + (", causal" if self.causal else "")
+        def count(n: int, what: str) -> str:
+            return f"{n} {what}" + ("" if n == 1 else "s")
+
+        return (f"Capture({self.model!r}: {count(self.num_tokens, 'token')}, "
+                f"{count(len(self.layers), 'layer')} x {count(len(self.heads), 'head')}"
+                + (", causal" if self.causal else "")
                 + (f", {measure}" if measure else "") + f", text={short!r})")
 
     # ----------------------------------------------------------------- shape helpers

@@ -533,3 +533,18 @@ def test_a_link_to_a_regular_file_under_dev_shm_is_replaced(invoke, tmp_path: Pa
         _clean(invoke("heads", "a b", *TOY, "-f", "csv", "-o", link), 0)
         assert not link.is_symlink() and link.read_text().startswith("layer,head")
         assert elsewhere.read_text() == "mine"
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "markdown"])
+def test_escapes_in_a_saved_captures_tokens_never_reach_the_terminal(invoke, tmp_path: Path,
+                                                                     fmt: str) -> None:
+    """A capture.json whose display tokens carry terminal escapes (a title change, colours,
+    a bell): printed as their escapes, as a local capture's tokens are."""
+    saved = tmp_path / "cap"
+    _clean(invoke("dump", "a b c", *TOY, "-o", saved), 0)
+    sidecar = json.loads((saved / "capture.json").read_text("utf-8"))
+    sidecar["display_tokens"] = ["\x1b]0;pwn\x07A", "\x1b[31mB", "\x9bC"]
+    (saved / "capture.json").write_text(json.dumps(sidecar), "utf-8")
+    output = _clean(invoke("top-k", "--from", saved, "-l", "0", "--head", "0", "-f", fmt), 0)
+    assert "\x1b" not in output and "\x07" not in output and "\x9b" not in output
+    assert "\\x1b[31mB" in output
