@@ -86,7 +86,9 @@ def test_flow_token_bound_names_the_option() -> None:
 
 
 # --------------------------------------------------------------------------- CLI
-def test_rollout_cli_method_flow(invoke, cli_minilm, minilm_capture, tmp_path) -> None:
+def test_rollout_cli_method_flow(invoke, cli_minilm, minilm_capture, tmp_path,
+                                 monkeypatch) -> None:
+    (tmp_path / "cwd").mkdir()
     out = tmp_path / "flow.png"
     result = invoke("rollout", SENTENCE, "--method", "flow", "-o", out, "--token", "cat")
     assert result.exit_code == 0, result.output
@@ -94,6 +96,12 @@ def test_rollout_cli_method_flow(invoke, cli_minilm, minilm_capture, tmp_path) -
     want = flow_weights(minilm_capture.weights.astype(np.float64))
     np.testing.assert_allclose(matrix, want, atol=1e-6)
     assert "Attention flow of 'cat'" in result.stdout
+    # without -o the default names say flow (a rollout's are not overwritten)
+    monkeypatch.chdir(tmp_path / "cwd")
+    result = invoke("rollout", SENTENCE, "--method", "flow", "--token", "cat")
+    assert result.exit_code == 0, result.output
+    names = sorted(p.name for p in (tmp_path / "cwd").iterdir())
+    assert len(names) == 3 and all("_flow" in n and "rollout" not in n for n in names), names
     # the default stays rollout
     result = invoke("rollout", SENTENCE, "-o", tmp_path / "roll.png")
     assert result.exit_code == 0, result.output

@@ -236,6 +236,12 @@ def test_save_and_load(lm_dirs: dict[str, Path], session: Session, tmp_path: Pat
     sidecar = json.loads((folder / "generation.json").read_text())
     np.testing.assert_array_equal(rows, result.rows)
     assert sidecar["axes"] == ["layer", "head", "step", "key"] and sidecar["heads"] == [1, 2]
+    # the fields README names, each present
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    named = readme[readme.index("`DIR/generation.json` ("):][:200]
+    for key in ("tokens", "token_ids", "prompt_length", "layers", "heads", "model"):
+        assert f"`{key}`" in named and key in sidecar
+    assert "`meta.seed`" in named and "seed" in sidecar["meta"]
     back = load_generation(folder)
     assert back.tokens == result.tokens and back.text == result.text
     assert back.top_k(-1, 2, 3) == result.top_k(-1, 2, 3)

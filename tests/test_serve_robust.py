@@ -581,3 +581,22 @@ def test_every_route_reads_a_declared_model(path: str, body: dict[str, Any]) -> 
     assert nested["error"]["message"] == "unknown field(s) in 'toy': 'path'"
     assert nested["error"]["hint"] == ("the fields are causal, d_model, heads, layers, scale, "
                                        "seed")
+
+
+def test_no_token_warning_names_the_port_bound(invoke: Any,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """--port 0 --no-token on another host: the warning names the port the system chose (it
+    said ':0'). Nothing binds outside loopback here: the socket is made on 127.0.0.1."""
+    import attnviz.cli.serve as serve_cli
+
+    real_bind = serve_cli._bind
+    served: list[int] = []
+    monkeypatch.setattr(serve_cli, "_bind", lambda host, port: real_bind("127.0.0.1", port))
+    monkeypatch.setattr(serve_cli, "_serve", lambda sock, *args, **kwargs: served.append(
+        sock.getsockname()[1]))
+    result = invoke("serve", "--model", "toy", "--host", "0.0.0.0", "--port", "0",
+                    "--no-token")
+    assert result.exit_code == 0, result.output
+    assert served and served[0] != 0
+    said = " ".join(result.stderr.split())
+    assert f"anyone who can reach 0.0.0.0:{served[0]} can use this server" in said

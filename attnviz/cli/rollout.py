@@ -91,15 +91,16 @@ def _token_slug(tokens: list[str], index: int) -> str:
     return f"{slug}-{index}" if tokens.count(token) > 1 else slug
 
 
-def _default_path(capture: Capture) -> Path:
-    """``attention_<slug>_<hash>_rollout.png``: the text, model and mask decide the name."""
+def _default_path(capture: Capture, method: str = "rollout") -> Path:
+    """``attention_<slug>_<hash>_rollout.png`` (``_flow`` for attention flow): the text,
+    model and mask decide the name."""
     from attnviz.fileio import short_hash, slugify
 
     slug = slugify(capture.text, 30)
     digest = short_hash(capture.text, capture.pair or "", capture.model, str(capture.causal),
                         length=6)
     measure = "" if capture.measure == "weights" else f"_{capture.measure}"
-    return Path(f"attention_{slug}_{digest}_rollout{measure}.png")
+    return Path(f"attention_{slug}_{digest}_{method}{measure}.png")
 
 
 @app.command("rollout", help=ROLLOUT_HELP)
@@ -166,7 +167,7 @@ def rollout_command(
         result = flow_view(view, head_fusion.value, start_layer, token, max_flow_tokens)
     else:
         result = rollout_view(view, head_fusion.value, start_layer, token)
-    out_path = out or _default_path(capture)
+    out_path = out or _default_path(capture, method.value)
     npy_path = npy or out_path.with_suffix(".npy")
     bar_path = bar or out_path.with_name(
         f"{out_path.stem}_bar_{_token_slug(result.tokens, result.index)}{out_path.suffix}")

@@ -208,13 +208,10 @@ def serve_command(
     limits.check()
     local = _is_loopback(host)
     token = None
-    if not local:
-        if no_token:
-            warn(f"--no-token: anyone who can reach {host}:{port} can use this server")
-        else:
-            import secrets
+    if not local and not no_token:
+        import secrets
 
-            token = secrets.token_urlsafe(24)
+        token = secrets.token_urlsafe(24)
     long_capture = None
     if long_from is not None:
         from attnviz.long import load_long
@@ -225,6 +222,9 @@ def serve_command(
 
         torch.set_num_threads(threads)
     sock = _bind(host, port)
+    if not local and no_token:  # the port bound (--port 0: the system's choice)
+        warn(f"--no-token: anyone who can reach {host}:{sock.getsockname()[1]} can use this "
+             "server")
     try:
         _serve(sock, list(models or []), host, token, allow_any_model, limits, device, dtype,
                open_browser, access_log, long_capture)
