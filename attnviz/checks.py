@@ -26,8 +26,8 @@ def check_text(text: str, what: str = "the text") -> None:
     if not isinstance(text, str):
         raise InputError(f"{what} must be a string, not {type(text).__name__}")
     if not text.strip():
-        raise InputError(f"{what} is empty", "give a sentence, e.g. "
-                         "attnviz heatmap \"The cat sat on the mat\"")
+        raise InputError(f"{what} is empty",
+                         "give a sentence, e.g. \"The cat sat on the mat\"")
     if "\x00" in text:
         raise InputError(f"{what} contains a NUL character (\\x00)",
                          "remove control characters from the text")

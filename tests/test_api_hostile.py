@@ -191,7 +191,9 @@ def test_the_quantised_report_weights_keep_their_bound() -> None:
      "pass max_tokens=6 to take it whole, or truncate=True", "pass --max-tokens 6"),
     (lambda s: s.capture("a", model="toy", toy={"heads": 3, "d_model": 16}),
      "toy['d_model']=16 is not divisible by toy['heads']=3", "--d-model 16"),
-    (lambda s: s.capture("   ", model="toy"), 'e.g. "The cat sat on the mat"', "attnviz heatmap"),
+    # the hint names no command: the same words fit every command and Python
+    (lambda s: s.capture("   ", model="toy"), 'e.g. "The cat sat on the mat"',
+     'give a sentence, e.g. "The cat sat on the mat"'),
     (lambda s: list(s.captures(["a b c d"], model="toy", max_tokens=2, truncate=False))[0],
      None, None),
 ])

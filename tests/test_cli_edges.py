@@ -164,3 +164,18 @@ def test_unknown_warning_is_recorded_in_the_capture(minilm):
     capture = minilm.capture("\U0001F600 and \U0001F389")
     assert capture.tokens.count("[UNK]") == 2
     assert any("2 tokens became [UNK]" in w for w in capture.meta["warnings"])
+
+
+def test_model_options_with_from_say_they_do_nothing(invoke, tmp_path) -> None:
+    """--from reads a capture as it was captured: --max-tokens, --model, toy options... given
+    with it are named in one warning (they were silently ignored)."""
+    saved = tmp_path / "cap"
+    assert invoke("dump", "the cat sat on the mat", "--model", "toy", "-o", saved).exit_code == 0
+    result = invoke("top-k", "--from", saved, "-l", "0", "--head", "0", "--max-tokens", "3",
+                    "--model", "minilm", "--no-truncate", "--toy-heads", "4", "-f", "json")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())
+    assert ("--model, --max-tokens, --no-truncate, --toy-heads do nothing with --from" in said)
+    assert len(json.loads(result.stdout)["rows"]) == 6  # every saved token, as it was
+    quiet = invoke("top-k", "--from", saved, "-l", "0", "--head", "0")
+    assert quiet.exit_code == 0 and "nothing with --from" not in quiet.stderr

@@ -230,6 +230,25 @@ class CaptureOptions:
         # saved capture (--from) is read here: no server is asked, whatever it says.
         use_server(self.server if self.from_path is None else None)
         self._check_toy_options()
+        self._check_from_options()
+
+    def _check_from_options(self) -> None:
+        """Model and capture options given with --from do nothing (the saved capture is read
+        as it was captured): say so (once)."""
+        if self.from_path is None:
+            return
+        given = [flag for name, flag, default in _panel_options(MODEL_PANEL, TOY_PANEL)
+                 if name not in ("server", "measure") and getattr(self, name) != default]
+        if not given:
+            return
+        verb = "does" if len(given) == 1 else "do"
+        message = (f"{', '.join(given)} {verb} nothing with --from: a saved capture is read "
+                   "as it was captured (capture the text again to change it)")
+        if message not in _WARNED:
+            from rich.markup import escape
+
+            _WARNED.add(message)
+            warn(escape(message))
 
     def _check_toy_options(self) -> None:
         """Toy-model options given with another model do nothing: say so (once)."""
@@ -423,12 +442,24 @@ _CAPTURE_PARAMS: list[tuple[str, Any, Any]] = [
 
 def _toy_options() -> list[tuple[str, str, Any]]:
     """``(field, option, default)`` of the toy-model options, from their declarations."""
+    return _panel_options(TOY_PANEL)
+
+
+def _panel_options(*panels: str) -> list[tuple[str, str, Any]]:
+    """``(field, option, default)`` of the capture options shown under ``panels`` in the help,
+    each by the name a user types to change it (``--model``, ``--no-truncate``)."""
     found = []
     for name, annotation, default in _CAPTURE_PARAMS:
         option = typing.get_args(annotation)[1]
-        if getattr(option, "rich_help_panel", None) == TOY_PANEL:
+        if getattr(option, "rich_help_panel", None) in panels:
             # In Annotated[...], typer keeps the first name as the option's "default".
-            found.append((name, (option.param_decls or (option.default,))[0], default))
+            first = option.default
+            names = ([first, *option.param_decls] if isinstance(first, str)
+                     and first.startswith("-") else list(option.param_decls))
+            flag = str(names[0])
+            if "/" in flag:  # --truncate/--no-truncate: the one that is not the default
+                flag = flag.split("/")[1 if default is True else 0]
+            found.append((name, flag, default))
     return found
 
 

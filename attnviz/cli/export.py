@@ -170,18 +170,26 @@ def _long_if_too_big(request: CaptureRequest, texts: list[str],
                      input_file: str | None) -> CaptureRequest:
     """The request on the long path when a text (an argument, or a line of an --input file)
     would not fit as a full capture, said on stderr; else unchanged. Standard input is read
-    once, as the export goes: it is not scanned (its texts take the long path with --long)."""
+    once, as the export goes, and so is a pipe or device: they are not scanned (their texts
+    take the long path with --long)."""
     import dataclasses
     import itertools
 
     from attnviz.export import read_input
 
+    def file_texts(path: Path) -> Iterator[tuple[str, str | None]]:
+        # opened on the first text asked for (never, for a model without a long path)
+        for item in read_input(path):
+            if item.text and not item.error:
+                yield item.text, item.pair
+
     scanned: Iterator[tuple[str, str | None]] = ((text, None) for text in texts)
-    lines = read_input(input_file) if input_file not in (None, "-") else iter(())
+    # Only a regular file is read twice: a pipe or device (and standard input) gives its
+    # texts once, to the export itself.
+    lines = (file_texts(Path(input_file)) if input_file not in (None, "-")
+             and Path(str(input_file)).is_file() else iter(()))
     try:
-        scanned = itertools.chain(scanned, ((item.text, item.pair) for item in lines
-                                            if item.text and not item.error))
-        reason = session().too_big(request, scanned)
+        reason = session().too_big(request, itertools.chain(scanned, lines))
     finally:
         close = getattr(lines, "close", None)
         if close is not None:

@@ -130,8 +130,8 @@ HEADS_HELP = "\n\n".join([
     "  attnviz heads --input corpus.jsonl --engine ray --workers 4 --gpus-per-worker 0.5",
     "  attnviz heads \"The cat sat on the mat.\" --plot heads.png --stat entropy",
     "  attnviz heads \"A B C D\" --model toy --causal --toy-layers 2",
-    "  attnviz heads \"The cat sat on the mat.\" --measure norm   (rows scaled to sum to 1 "
-    "first)",
+    "A measure's rows are scaled to sum to 1 first:",
+    "  attnviz heads \"The cat sat on the mat.\" --measure norm",
     "Long inputs (--long, or by itself when every weight would not fit): the statistics the "
     "long capture streams per head, and the attention sinks (Gu et al.: tokens whose mean "
     "attention in a head exceeds 0.3).",

@@ -202,10 +202,20 @@ async def read_request(request: Request, model: type[_Model], limits: Limits) ->
 
 # --------------------------------------------------------------------------- guard
 def _host_name(host: str) -> str:
+    """The name in a ``Host`` header (``127.0.0.1:8000`` -> ``127.0.0.1``); a header that is not
+    ``name[:port]`` or ``[v6][:port]`` comes back whole, so it matches no allowed name
+    (``127.0.0.1:8000@evil.com``)."""
     host = host.strip().lower()
     if host.startswith("["):  # [::1]:8000
-        return host[1:host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        end = host.find("]")
+        rest = host[end + 1:] if end > 0 else ""
+        if end > 0 and (not rest or (rest[0] == ":" and rest[1:].isdigit())):
+            return host[1:end]
+        return host
+    name, colon, port = host.partition(":")
+    if colon and not (port.isdigit() and port.isascii()):
+        return host
+    return name
 
 
 class Guard:
