@@ -493,6 +493,30 @@ def test_export_takes_the_long_path_by_itself(invoke: Any, llama_dir: Path, long
                               ).get("long") for e in entries)
 
 
+def test_export_long_fails_only_the_text_whose_folder_holds_a_link(
+        invoke: Any, llama_dir: Path, tmp_path: Path) -> None:
+    """A link planted in one text's folder fails that text (never written through); the
+    others are exported, as a normal export does."""
+    out, victim = tmp_path / "figs", tmp_path / "victim"
+    victim.mkdir()
+    texts = ("the cat sat on a mat", "dogs ran far into green hills")
+    args = ("export", *texts, "--model", str(llama_dir), "--long", "--figures", "layers",
+            "-k", "1", "-o", str(out))
+    _ok(invoke(*args))
+    first = out / json.loads((out / "index.json").read_text())["texts"][0]["folder"]
+    import shutil
+
+    shutil.rmtree(first / "layers")
+    (first / "layers").symlink_to(victim)
+    again = invoke(*args, "--force")
+    assert again.exit_code == 1, again.output
+    assert "symbolic link" in again.stderr and "1 exported" in again.stdout
+    assert list(victim.iterdir()) == []
+    entries = json.loads((out / "index.json").read_text())["texts"]
+    assert [(e["text"], e["status"]) for e in entries] == [(texts[0], "failed"),
+                                                           (texts[1], "exported")], entries
+
+
 # --------------------------------------------------------------------------- README's claims
 def test_readme_claims(monkeypatch: pytest.MonkeyPatch, llama_dir: Path, long_text: str,
                        invoke: Any) -> None:

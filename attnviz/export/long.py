@@ -118,7 +118,7 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
     from attnviz.export.index import Index, failed_entry, folder_entry, index_header
     from attnviz.export.plan import folder_name
     from attnviz.export.write import MANIFEST, MANIFEST_FORMAT, export_lock, write_json
-    from attnviz.fileio import ensure_dir, signals_held
+    from attnviz.fileio import LinkError, ensure_dir, signals_held
     from attnviz.inputs import safe_child
 
     if options.words or options.exclude_special:
@@ -145,6 +145,7 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
                     continue
                 summary.texts += 1
                 label = item.origin or f"text {number}"
+                name: str | None = None
                 try:
                     if item.error:
                         raise InputError(item.error)
@@ -170,12 +171,13 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
                     progress.advance(len(files) + 1)
                     progress.end_text(label, "exported", f"{name}: {len(files) + 1} files")
                 except AttnvizError as error:
-                    if isinstance(error, OutputError) or (
+                    if (isinstance(error, OutputError) and not isinstance(error, LinkError)) or (
                             isinstance(error, UsageError) and not isinstance(error, InputError)
                             and item.dump is None):
-                        raise  # fits no text (or nothing can be written): stop
+                        raise  # fits no text (or nothing can be written): stop; a link in
+                        # one text's folder fails that text only, as in a normal export
                     summary.add_failure(label, error.message)
-                    index.add(failed_entry(number, item, error.message))
+                    index.add(failed_entry(number, item, error.message, folder=name))
                     progress.end_text(label, "failed", error.message)
         except BaseException:
             if index.count:
