@@ -226,6 +226,21 @@ def test_steps_arrive_as_generated(lm_dirs: dict[str, Path], session: Session) -
     assert key not in session._models
 
 
+def test_continuation_pieces_are_marked_as_in_captures(lm_dirs: dict[str, Path],
+                                                       session: Session) -> None:
+    """WordPiece pieces keep a mark (``·bel``), as captures' tables show them: generated ids
+    have no word ids, so the tokenizer's ``##`` tells."""
+    from attnviz.analysis.tokens import piece_labels
+
+    text = "unbelievably navigators"
+    result = session.generate(text, model=str(lm_dirs["llama"]), max_new_tokens=2,
+                              device="cpu")
+    capture = session.capture(text, model=str(lm_dirs["llama"]), device="cpu")
+    prompt = result.tokens[:result.prompt_length]
+    assert prompt == piece_labels(capture)[:result.prompt_length]
+    assert "\u00b7bel" in prompt and "un" in prompt
+
+
 def test_save_and_load(lm_dirs: dict[str, Path], session: Session, tmp_path: Path) -> None:
     from attnviz.long.generate import load_generation
 

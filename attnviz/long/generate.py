@@ -597,10 +597,31 @@ class _Steps:
 
 
 def _labels(source: HFSource, ids: list[int]) -> list[str]:
-    """Readable labels of token ids, as captures show them."""
+    """Readable labels of token ids, as captures' tables show them: continuation pieces of a
+    word marked (``un ·bel ·ie``). Generated ids have no word ids, so a piece is told by the
+    tokenizer's own convention (WordPiece's ``##``; a BPE or SentencePiece piece without the
+    word-start marker ``Ġ`` / ``▁`` that starts with a letter or digit)."""
+    from attnviz.analysis.tokens import CONTINUATION_MARK
+
     names = [str(t) for t in source.tokenizer.convert_ids_to_tokens(ids)]
     specials = source.special_ids()
-    return source.display_of(names, [i in specials for i in ids])
+    special = [i in specials for i in ids]
+    shown = source.display_of(names, special)
+    model = getattr(getattr(source.tokenizer, "backend_tokenizer", None), "model", None)
+    kind = type(model).__name__ if model is not None else ""
+    prefix = str(getattr(model, "continuing_subword_prefix", None) or "##")
+    markers = tuple(m for m in ("\u0120", "\u2581") if any(n.startswith(m) for n in names))
+    for i in range(1, len(names)):
+        name = names[i]
+        if special[i] or special[i - 1]:
+            continue
+        if kind == "WordPiece":
+            piece = name.startswith(prefix)
+        else:
+            piece = bool(markers) and not name.startswith(markers) and name[:1].isalnum()
+        if piece:
+            shown[i] = CONTINUATION_MARK + shown[i]
+    return shown
 
 
 def _result(source: HFSource, prompt: str, ids: list[int], prompt_length: int,
