@@ -574,7 +574,8 @@ class _Steps:
         for token_id in value.reshape(-1).tolist():
             step = len(self.ids) - self.recorder.prompt_length
             self.ids.append(int(token_id))
-            self.tokens.extend(_labels(self.source, [int(token_id)]))
+            self.tokens.append(_labels(self.source, self.ids[-2:])[-1])  # the one before
+            # tells whether this one continues its word
             recorded = self.recorder.rows[step] if step < len(self.recorder.rows) else {}
             keys = len(self.ids) - 1
             rows = np.zeros((len(self.recorder.layers), len(self.recorder.heads), keys),
@@ -596,6 +597,20 @@ class _Steps:
         return None
 
 
+def _word_markers(source: HFSource) -> tuple[str, ...]:
+    """The word-start markers (``Ġ``, ``▁``) the tokenizer's vocabulary uses (looked up
+    once per model)."""
+    cached = getattr(source, "_word_markers", None)
+    if cached is None:
+        try:
+            vocab = list(source.tokenizer.get_vocab())
+        except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary listing
+            vocab = []
+        cached = tuple(m for m in ("\u0120", "\u2581") if any(t.startswith(m) for t in vocab))
+        source._word_markers = cached  # type: ignore[attr-defined]
+    return cached
+
+
 def _labels(source: HFSource, ids: list[int]) -> list[str]:
     """Readable labels of token ids, as captures' tables show them: continuation pieces of a
     word marked (``un ·bel ·ie``). Generated ids have no word ids, so a piece is told by the
@@ -610,7 +625,7 @@ def _labels(source: HFSource, ids: list[int]) -> list[str]:
     model = getattr(getattr(source.tokenizer, "backend_tokenizer", None), "model", None)
     kind = type(model).__name__ if model is not None else ""
     prefix = str(getattr(model, "continuing_subword_prefix", None) or "##")
-    markers = tuple(m for m in ("\u0120", "\u2581") if any(n.startswith(m) for n in names))
+    markers = _word_markers(source)
     for i in range(1, len(names)):
         name = names[i]
         if special[i] or special[i - 1]:
