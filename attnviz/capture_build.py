@@ -34,10 +34,15 @@ def clean_token(token: str) -> str:
             break
     shown = shown.replace("\u010a", "\\n").replace("\u0109", "\\t").replace("\u0120", " ")
     shown = shown.replace("\u2581", " ").strip()
-    # Control characters would draw as missing glyphs: show their escapes instead.
-    shown = "".join(f"\\x{ord(ch):02x}" if unicodedata.category(ch) == "Cc" else ch
-                    for ch in shown)
+    shown = escape_controls(shown)
     return shown if shown else "\u2423"
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with its control characters as their escapes (``\\x1b``): they would draw as
+    missing glyphs, and on a terminal they are commands."""
+    return "".join(f"\\x{ord(ch):02x}" if unicodedata.category(ch) == "Cc" else ch
+                   for ch in text)
 
 
 #: How titles, table headers and reports name a measure (``weights`` needs no name).

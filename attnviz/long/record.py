@@ -30,6 +30,7 @@ SIDECAR = "long.json"
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 #: Largest tile (query rows x keys) one call returns: 64 Mi weights, 256 MiB of float32.
 MAX_TILE = 64 << 20
+_DAMAGED = "the long capture folder is damaged: capture again"
 #: Largest atlas block.
 MAX_BLOCK = 1 << 20
 #: Largest ``k`` of :meth:`LongCapture.topk`.
@@ -136,29 +137,32 @@ class LongCapture:
     rows_sum_to_one = True
 
     def __init__(self, folder: Path, sidecar: dict[str, Any], mmap: bool = True) -> None:
+        from attnviz.capture_build import escape_controls
+        from attnviz.long.sidecar import read_sidecar
+
         self.folder = folder
         self._sidecar = sidecar
-        self.model = str(sidecar["model"])
-        self.text = str(sidecar["text"])
-        self.pair: str | None = sidecar.get("pair")
-        self.tokens: list[str] = list(sidecar["tokens"])
-        self.display_tokens: list[str] = list(sidecar["display_tokens"])
-        self.word_ids: list[int | None] = list(sidecar["word_ids"])
-        self.special: list[bool] = [bool(x) for x in sidecar["special"]]
-        self.layers: list[int] = [int(x) for x in sidecar["layers"]]
-        self.num_layers = int(sidecar["num_layers"])
-        self.num_heads = int(sidecar["num_heads"])
-        self.num_kv_heads = int(sidecar["num_kv_heads"])
-        self.head_dim = int(sidecar["head_dim"])
-        self.dtype = str(sidecar["dtype"])
-        self.causal = bool(sidecar["causal"])
-        self.scales = {layer: float(s) for layer, s in zip(self.layers, sidecar["scales"])}
-        self.windows: dict[int, int | None] = {
-            layer: None if w is None else int(w) for layer, w in zip(self.layers,
-                                                                     sidecar["windows"])}
+        checked = read_sidecar(sidecar)  # ValueError: what is wrong with it
+        self.model = checked.model
+        self.text = checked.text
+        self.pair: str | None = checked.pair
+        # Token text reaches terminals and pages: control characters as their escapes.
+        self.tokens: list[str] = [escape_controls(t) for t in checked.tokens]
+        self.display_tokens: list[str] = [escape_controls(t) for t in checked.display_tokens]
+        self.word_ids: list[int | None] = list(checked.word_ids)
+        self.special: list[bool] = list(checked.special)
+        self.layers: list[int] = list(checked.layers)
+        self.num_layers = checked.num_layers
+        self.num_heads = checked.num_heads
+        self.num_kv_heads = checked.num_kv_heads
+        self.head_dim = checked.head_dim
+        self.dtype: str = checked.dtype
+        self.causal = checked.causal
+        self.scales = dict(zip(self.layers, checked.scales))
+        self.windows: dict[int, int | None] = dict(zip(self.layers, checked.windows))
         windows = [w for w in self.windows.values() if w is not None]
         self.window: int | None = max(windows) if windows else None
-        self.meta: dict[str, Any] = dict(sidecar.get("meta") or {})
+        self.meta: dict[str, Any] = dict(checked.meta or {})
         self.num_tokens = len(self.tokens)
         self.device = "cpu"
         self._mmap = mmap
@@ -176,8 +180,11 @@ class LongCapture:
         except FileNotFoundError:
             raise DumpError(f"{folder} is not a long capture: it has no {SIDECAR}",
                             "pass the folder capture_long or LongCapture.save wrote") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DumpError(f"cannot read {path}: {exc}") from None
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError, JSONDecodeError included
+            raise DumpError(f"cannot read {path}: {exc}", _DAMAGED) from None
+        except RecursionError:
+            raise DumpError(f"cannot read {path}: its JSON is nested too deeply",
+                            _DAMAGED) from None
         if not isinstance(sidecar, dict) or sidecar.get("format") != FORMAT_NAME:
             raise DumpError(f"{path} is not a long capture sidecar (format "
                             f"{sidecar.get('format') if isinstance(sidecar, dict) else None!r})")
@@ -187,8 +194,8 @@ class LongCapture:
                             f"{FORMAT_VERSION}", "upgrade attnviz to read it")
         try:
             return cls(folder, sidecar, mmap)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DumpError(f"{path} is damaged ({type(exc).__name__}: {exc})") from None
+        except ValueError as exc:  # the sidecar's own problem, in one line
+            raise DumpError(f"{path} is damaged: {exc}", _DAMAGED) from None
 
     def _array(self, kind: str, layer: int) -> np.ndarray:
         key = (kind, layer)
@@ -219,7 +226,7 @@ class LongCapture:
                     raise DumpError(
                         f"{self.folder / layer_file(kind, layer)} holds {array.dtype} "
                         f"{array.shape}, the sidecar says {np.dtype(dtype)} {shape}",
-                        "the long capture folder is damaged: capture again")
+                        _DAMAGED)
 
     def save(self, folder: str | Path) -> Path:
         """Copy the capture's files into ``folder`` (arrays first, the sidecar last, each

@@ -1,0 +1,247 @@
+"""Hostile long captures: a tampered ``dump --long`` folder, a hostile ``--server`` and bad
+requests to ``/api/long/*`` give one-line errors, never a traceback, a 500 or silent nonsense.
+
+A tiny random-weight Llama (GQA) captures about 200 tokens with ``dump --long``; each test
+copies that folder and damages one thing in it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from attnviz.errors import DumpError
+from tests.long_fixtures import build_tiny_llama, long_text
+
+TOKENS = 200
+HOSTILE = "\x1b[31mRED\x1b]0;pwn\x07"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama-hostile"), positions=1024)
+
+
+@pytest.fixture(scope="module")
+def dumped(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real ``attnviz dump --long`` folder (through the CLI, in-process)."""
+    from typer.testing import CliRunner
+
+    from attnviz.cli import app
+
+    out = tmp_path_factory.mktemp("dumped") / "cap"
+    result = CliRunner().invoke(app, ["dump", "-", "--model", str(model_dir), "--long",
+                                      "--max-tokens", str(TOKENS), "--truncate", "-o",
+                                      str(out)], input=long_text(TOKENS + 40))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture()
+def folder(dumped: Path, tmp_path: Path) -> Path:
+    """A copy of the dump to damage."""
+    return Path(shutil.copytree(dumped, tmp_path / "cap"))
+
+
+def _sidecar(folder: Path) -> dict[str, Any]:
+    return dict(json.loads((folder / "long.json").read_text(encoding="utf-8")))
+
+
+def _tamper(folder: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    sidecar = _sidecar(folder)
+    change(sidecar)
+    (folder / "long.json").write_text(json.dumps(sidecar), encoding="utf-8")
+
+
+def _one_line_error(result: Any, code: int, *words: str) -> str:
+    """The CLI failed with ``code``: ``Error: ...`` naming ``words``, no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception,
+                                                                     SystemExit)
+    message = " ".join(result.stderr.split())
+    assert message.startswith("Error: ") and "Traceback" not in result.output
+    for word in words:
+        assert word in message, message
+    return message
+
+
+# --------------------------------------------------------------------------- long.json
+def _set(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(sidecar: dict[str, Any]) -> None:
+        sidecar[key] = value(sidecar) if callable(value) else value
+
+    return change
+
+
+SIDECAR_CASES = [
+    (_set("scales", [0.1]), "'scales' has 1 entries for 2 recorded layers"),
+    (_set("windows", [None]), "'windows' has 1 entries for 2 recorded layers"),
+    (_set("special", [True]), "'special' has 1 entries for"),
+    (_set("display_tokens", lambda s: [None] * len(s["tokens"])),
+     "display_tokens.0: Input should be a valid string"),
+    (_set("tokens", []), "tokens: List should have at least 1 item"),
+    (_set("word_ids", lambda s: ["x"] * len(s["tokens"])), "word_ids.0"),
+    (_set("word_ids", lambda s: [-1] * len(s["tokens"])), "word_ids.0"),
+    (_set("windows", [-5, None]), "windows.0"),
+    (_set("windows", [0, None]), "windows.0"),
+    (_set("windows", [2.5, None]), "windows.0"),
+    (_set("num_heads", "8"), "num_heads: Input should be a valid integer"),
+    (_set("num_layers", 1e12), "num_layers"),
+    (_set("num_layers", 1 << 40), "num_layers: Input should be less than or equal to 4096"),
+    (_set("num_kv_heads", 3), "num_heads 4 is not a multiple of num_kv_heads 3"),
+    (_set("head_dim", 0), "head_dim"),
+    (_set("layers", [1, 1]), "'layers' [1, 1] are not unique and in order"),
+    (_set("layers", [1, 0]), "are not unique and in order"),
+    (_set("layers", [0, 7]), "'layers' name layer 7 of a model of 2 layers"),
+    (_set("causal", "no"), "causal: Input should be a valid boolean"),
+    (_set("pair", 5), "pair"),
+    (_set("dtype", "int8"), "dtype"),
+    (_set("scales", [float("nan"), 0.3]), "scales.0"),
+    (_set("scales", [float("inf"), 0.3]), "scales.0"),
+    (_set("scales", [-0.3, 0.3]), "scales.0: Input should be greater than 0"),
+    (_set("meta", [1]), "meta"),
+    (lambda s: s.pop("tokens"), "tokens: Field required"),
+]
+
+
+@pytest.mark.parametrize(("change", "words"), SIDECAR_CASES)
+def test_a_damaged_sidecar_is_refused_when_read(folder: Path, change: Any, words: str,
+                                                invoke: Any) -> None:
+    from attnviz.long import load_long
+
+    _tamper(folder, change)
+    with pytest.raises(DumpError) as refused:
+        load_long(folder)
+    assert str(refused.value.message) == f"{folder / 'long.json'} is damaged: " + \
+        str(refused.value.message).split("is damaged: ", 1)[1]
+    assert words in refused.value.message and "\n" not in refused.value.message
+    assert refused.value.hint == "the long capture folder is damaged: capture again"
+    _one_line_error(invoke("top-k", "--from", str(folder), "-l", "0", "--head", "0"), 1,
+                    "long.json is damaged", words)
+
+
+@pytest.mark.parametrize("command", [
+    ("heads", "--from", "{f}"), ("heatmap", "--from", "{f}", "-l", "1", "-o", "{o}/h.png"),
+    ("html", "--long-from", "{f}", "-o", "{o}/r.html"), ("export", "--from", "{f}", "-o", "{o}"),
+    ("dump", "--from", "{f}", "-o", "{o}/d"),
+])
+def test_every_command_reports_a_short_scale_list(folder: Path, tmp_path: Path, invoke: Any,
+                                                  command: tuple[str, ...]) -> None:
+    _tamper(folder, _set("scales", [0.1]))
+    args = [a.format(f=folder, o=tmp_path / "out") for a in command]
+    result = invoke(*args)
+    if command[0] == "export":  # export reports each damaged item, then fails
+        assert result.exit_code == 1 and "scales" in result.output, result.output
+        assert "Traceback" not in result.output
+        return
+    _one_line_error(result, 1, "long.json is damaged", "'scales' has 1 entries")
+
+
+def test_deeply_nested_or_broken_json_is_a_damaged_capture(folder: Path, invoke: Any) -> None:
+    from attnviz.long import load_long
+
+    (folder / "long.json").write_text("[" * 100_000, encoding="utf-8")
+    with pytest.raises(DumpError, match="nested too deeply"):
+        load_long(folder)
+    _one_line_error(invoke("heads", "--from", str(folder)), 1, "nested too deeply")
+    (folder / "long.json").write_bytes(b"\xff\xfe{")
+    with pytest.raises(DumpError, match="cannot read"):
+        load_long(folder)
+    (folder / "long.json").write_text("[]", encoding="utf-8")
+    with pytest.raises(DumpError, match="is not a long capture sidecar"):
+        load_long(folder)
+
+
+def test_older_and_newer_sidecars_still_open(folder: Path, dumped: Path) -> None:
+    """Unknown keys are ignored and optional ones may be missing; what is read is unchanged
+    and a saved copy writes the same sidecar."""
+    from attnviz.long import load_long
+
+    reference = load_long(dumped)
+    _tamper(folder, lambda s: (s.pop("pair"), s.pop("meta"), s.update(future={"x": 1})))
+    cap = load_long(folder)
+    assert cap.tokens == reference.tokens and cap.layers == reference.layers
+    assert cap.scales == reference.scales and cap.windows == reference.windows
+    assert cap.pair is None and cap.meta == {}
+    np.testing.assert_array_equal(cap.tile(1, 2, 0, 50, 0, 50),
+                                  reference.tile(1, 2, 0, 50, 0, 50))
+    copy = reference.save(folder.parent / "copy")
+    assert _sidecar(copy) == _sidecar(dumped)
+
+
+# --------------------------------------------------------------------------- non-finite
+# --------------------------------------------------------------------------- token text
+def test_control_characters_in_saved_tokens_are_escaped(folder: Path, invoke: Any) -> None:
+    from attnviz.long import load_long
+
+    def change(sidecar: dict[str, Any]) -> None:
+        sidecar["tokens"][3] = HOSTILE
+        sidecar["display_tokens"][3] = HOSTILE
+
+    _tamper(folder, change)
+    cap = load_long(folder)
+    shown = "\\x1b[31mRED\\x1b]0;pwn\\x07"
+    assert cap.tokens[3] == cap.display_tokens[3] == shown
+    for command in (("top-k", "--from", str(folder), "-l", "0", "--head", "0", "-k", "3"),
+                    ("heads", "--from", str(folder))):
+        result = invoke(*command)
+        assert result.exit_code == 0, result.output
+        assert "\x1b" not in result.output and "\x07" not in result.output
+    rows = json.loads(invoke("top-k", "--from", str(folder), "-l", "0", "--head", "0", "-k",
+                             "3", "-f", "json").stdout)["rows"]
+    assert rows[3]["query"] == shown
+
+
+# --------------------------------------------------------------------------- --measure
+# --------------------------------------------------------------------------- the routes
+@pytest.fixture(scope="module")
+def served(model_dir: Path, dumped: Path) -> Any:
+    from attnviz.long import load_long
+    from attnviz.server.app import create_app
+
+    app = create_app(["toy", str(model_dir)], device="cpu", long_capture=load_long(dumped))
+    yield app
+    app.state.long_store.close()
+
+
+def _error(response: Any, status: int, *words: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = dict(response.json()["error"])
+    for word in words:
+        assert word in error["message"], error
+    return error
+
+
+# --------------------------------------------------------------------------- --server client
+def _b64_of(values: Any, dtype: str = "<f4") -> str:
+    return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode()
+
+
+CLIENT_CASES = [
+    ("/api/long/topk", lambda a: {**a, "shape": [a["shape"][0] + 1, a["shape"][1]]},
+     "the server's answer is not the top-k asked for (its shape is"),
+    ("/api/long/topk", lambda a: {**a, "values": "@@not base64@@"},
+     "the server's answer is not a top-k (its values are not valid base64"),
+    ("/api/long/topk", lambda a: {**a, "values": a["values"][:-8]},
+     "the server's answer is not a top-k (it holds"),
+    ("/api/long/topk", lambda a: {**a, "values": _b64_of(np.full(a["shape"], np.nan))},
+     "it holds NaN or infinite values"),
+    ("/api/long/topk", lambda a: {**a, "values": _b64_of(np.full(a["shape"], 7.0))},
+     "its weights are not between 0 and 1"),
+    ("/api/long/topk", lambda a: {**a, "indices": [[10**6] * a["shape"][1]] * a["shape"][0]},
+     "the server's answer is not a top-k (its numbers are not"),
+    ("/api/long/topk", lambda a: [1, 2], "the server's answer is not a top-k (it has no"),
+    ("/api/long/capture", lambda a: {**a, "display_tokens": a["display_tokens"][:-1]},
+     "the server's answer is not a long capture (its display_tokens are"),
+    ("/api/long/capture", lambda a: {**a, "num_tokens": "12"},
+     "the server's answer is not a long capture (num_tokens"),
+    ("/api/long/capture", lambda a: {**a, "layers": [0, 0]},
+     "the server's answer is not a long capture (its layers"),
+]
