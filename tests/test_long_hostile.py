@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from starlette.testclient import TestClient
 
 from attnviz.errors import DumpError
 from tests.long_fixtures import build_tiny_llama, long_text
@@ -177,6 +178,63 @@ def test_older_and_newer_sidecars_still_open(folder: Path, dumped: Path) -> None
 
 
 # --------------------------------------------------------------------------- non-finite
+@pytest.mark.parametrize(("kind", "value"), [("q", np.nan), ("k", np.inf), ("lse", -np.inf)])
+def test_non_finite_arrays_are_refused_naming_the_file(folder: Path, invoke: Any, kind: str,
+                                                       value: float,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnviz.long.record as record
+    from attnviz.long import load_long
+
+    path = folder / f"{kind}_001.npy"
+    array = np.load(path)
+    array[..., -1] = value  # the last token only: the chunked check must reach it
+    np.save(path, array)
+    monkeypatch.setattr(record, "FINITE_CHUNK", 64)  # many chunks
+    cap = load_long(folder)
+    np.testing.assert_allclose(cap.tile(0, 0, 0, 10, 0, 10).sum(axis=1), 1.0, atol=1e-5)
+    assert cap._finite == {0}  # layer 0 was checked once and is clean
+    with pytest.raises(DumpError, match=f"{kind}_001.npy holds NaN or infinite values"):
+        cap.tile(1, 0, 0, 10, 0, 10)
+    _one_line_error(invoke("top-k", "--from", str(folder), "-l", "1", "--head", "0"), 1,
+                    f"{kind}_001.npy holds NaN or infinite values", "capture again")
+
+
+def test_bfloat16_nan_bits_are_found(model_dir: Path, tmp_path: Path, invoke: Any) -> None:
+    from attnviz.long import load_long
+
+    out = tmp_path / "bf16"
+    result = invoke("dump", "-", "--model", str(model_dir), "--long", "--long-dtype",
+                    "bfloat16", "-o", str(out), input=long_text(60))
+    assert result.exit_code == 0, result.output
+    cap = load_long(out)
+    rows = cap.rows(0, 1, 0, 5)  # finite: read
+    np.testing.assert_allclose(rows.sum(axis=1), 1.0, atol=1e-2)
+    path = out / "k_000.npy"
+    bits = np.load(path)
+    assert bits.dtype == np.uint16
+    bits[1, 3, 2] = 0x7FC0  # a bfloat16 NaN
+    np.save(path, bits)
+    with pytest.raises(DumpError, match="k_000.npy holds NaN"):
+        load_long(out).rows(0, 1, 0, 5)
+
+
+def test_huge_keys_overflow_into_an_error_not_nan_weights(folder: Path, invoke: Any) -> None:
+    from attnviz.long import load_long
+
+    path = folder / "k_000.npy"
+    keys = np.load(path)
+    keys[:] = 1e30  # finite, but every score overflows
+    np.save(path, keys)
+    cap = load_long(folder)
+    for call in (lambda: cap.tile(0, 1, 0, 20, 0, 20), lambda: cap.topk(0, "mean", 3),
+                 lambda: cap.atlas(0, 2, 64), lambda: cap.head_stats()):
+        with pytest.raises(DumpError, match="keys of layer 0 .* are too large: their scores "
+                                            "would not be finite numbers"):
+            call()
+    _one_line_error(invoke("top-k", "--from", str(folder), "-l", "0", "--head", "0"), 1,
+                    "are too large")
+
+
 # --------------------------------------------------------------------------- token text
 def test_control_characters_in_saved_tokens_are_escaped(folder: Path, invoke: Any) -> None:
     from attnviz.long import load_long
@@ -217,6 +275,27 @@ def _error(response: Any, status: int, *words: str) -> dict[str, Any]:
     for word in words:
         assert word in error["message"], error
     return error
+
+
+def test_a_damaged_served_capture_is_not_a_500(model_dir: Path, folder: Path) -> None:
+    """A capture whose keys overflow answers with its error, not an internal one."""
+    from attnviz.long import load_long
+    from attnviz.server.app import create_app
+
+    keys = np.load(folder / "k_001.npy")
+    keys[:] = 1e30
+    np.save(folder / "k_001.npy", keys)
+    app = create_app(["toy"], long_capture=load_long(folder))
+    client = TestClient(app, base_url="http://127.0.0.1:8000")
+    key = app.state.long_store.default()
+    for route, body in (("tile", {"layer": 1, "head": 0, "q0": 0, "q1": 5, "k0": 0, "k1": 5}),
+                        ("topk", {"layer": 1, "head": 0, "k": 2}),
+                        ("atlas", {"layer": 1, "head": 0, "block": 64}),
+                        ("stats", {}), ("received", {"layer": 1, "head": 0})):
+        error = _error(client.post(f"/api/long/{route}", json={"id": key, **body}), 500,
+                       "are too large")
+        assert error["type"] == "DumpError"
+    app.state.long_store.close()
 
 
 # --------------------------------------------------------------------------- --server client

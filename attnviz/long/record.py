@@ -33,6 +33,10 @@ MAX_TILE = 64 << 20
 _DAMAGED = "the long capture folder is damaged: capture again"
 #: Largest atlas block.
 MAX_BLOCK = 1 << 20
+#: Values read at a time when a layer's arrays are checked for NaN and infinities.
+FINITE_CHUNK = 1 << 22
+#: Largest score a layer's queries and keys may make (scores below -1e29 mean masked keys).
+MAX_SCORE = 1e28
 #: Largest ``k`` of :meth:`LongCapture.topk`.
 MAX_TOPK = 1024
 
@@ -167,6 +171,7 @@ class LongCapture:
         self.device = "cpu"
         self._mmap = mmap
         self._arrays: dict[tuple[str, int], np.ndarray] = {}
+        self._finite: set[int] = set()  # layers whose arrays were checked for NaN and inf
         self._summary: Summary | None = None
         self._cleanup: weakref.finalize | None = None
         self._check()
@@ -307,9 +312,47 @@ class LongCapture:
         part = array[:, q0:q1] if heads is None else array[heads, q0:q1]
         return torch.from_numpy(np.array(part, dtype=np.float32)).to(self.device)
 
+    def _check_finite(self, layer: int) -> None:
+        """Refuse a layer whose stored queries, keys or log-sum-exp hold NaN or infinities,
+        or whose queries and keys are so large that a score could overflow (by
+        Cauchy-Schwarz, ``|scale * q.k| <= scale * |q| * |k|``). Read in chunks of token
+        rows; once per layer."""
+        if layer in self._finite:
+            return
+        largest = {}
+        for kind in ("q", "k", "lse"):
+            array = self._array(kind, layer)
+            per_token = max(1, array.size // max(1, array.shape[1]))
+            step = max(1, FINITE_CHUNK // per_token)
+            norm = 0.0
+            for start in range(0, array.shape[1], step):
+                part = array[:, start:start + step]
+                if kind == "lse":
+                    bad = not bool(np.isfinite(part).all())
+                else:
+                    values = _from_storage(part, self.dtype)  # float32: an inf norm is too large
+                    bad = not bool(values.isfinite().all())
+                    if not bad and values.numel():
+                        norm = max(norm, float(values.norm(dim=-1).max()))
+                if bad:
+                    raise DumpError(f"{self.folder / layer_file(kind, layer)} holds NaN or "
+                                    "infinite values", _DAMAGED)
+            largest[kind] = norm
+        if self.scales[layer] * largest["q"] * largest["k"] > MAX_SCORE:
+            raise DumpError(f"the queries and keys of layer {layer} in {self.folder} are too "
+                            "large: their scores would not be finite numbers", _DAMAGED)
+        self._finite.add(layer)
+
+    def _finite_result(self, layer: int, *results: np.ndarray) -> None:
+        """Refuse weights that came out NaN or infinite (finite but huge queries or keys)."""
+        if not all(bool(np.isfinite(r).all()) for r in results):
+            raise DumpError(f"the weights of layer {layer} in {self.folder} are not finite "
+                            "numbers: its queries or keys are too large", _DAMAGED)
+
     def _operands(self, layer: int, head: int | None, q0: int, q1: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and lse of one head (or of every head when ``head`` is None)."""
+        self._check_finite(layer)
         if head is None:
             return (self._queries(layer, None, q0, q1), self._keys(layer),
                     self._lse(layer, None, q0, q1))
@@ -353,7 +396,9 @@ class LongCapture:
             out += s.exp_()
         if index is None:
             out /= heads
-        return out.cpu().numpy()
+        weights = out.cpu().numpy()
+        self._finite_result(layer, weights)
+        return weights
 
     def rows(self, layer: int, head: int | str, q0: int, q1: int) -> np.ndarray:
         """Exact weights of queries ``q0..q1`` against every key: ``[q1 - q0, T]`` float32."""
@@ -375,7 +420,9 @@ class LongCapture:
         q0, q1 = self._span(q0, q1, "query")
         if not 1 <= int(k) <= MAX_TOPK:
             raise UsageError(f"k must be between 1 and {MAX_TOPK}, got {k}")
-        return topk_head(self, layer, index, min(int(k), self.num_tokens), q0, q1)
+        indices, values = topk_head(self, layer, index, min(int(k), self.num_tokens), q0, q1)
+        self._finite_result(layer, values)
+        return indices, values
 
     def atlas(self, layer: int, head: int | str, block: int) -> tuple[np.ndarray, np.ndarray]:
         """Block-aggregated weights of one head (or ``"mean"``): for ``block``-token blocks of
@@ -398,7 +445,9 @@ class LongCapture:
         if block < 16 or block > MAX_BLOCK or block & (block - 1):
             raise UsageError(f"block must be a power of two from 16 to {MAX_BLOCK}, got {block}",
                              "use 64, 256 or 1024")
-        return atlas_head(self, layer, index, block)
+        sums, maxes = atlas_head(self, layer, index, block)
+        self._finite_result(layer, sums, maxes)
+        return sums, maxes
 
     # ------------------------------------------------------------------ whole-capture scans
     def summarise(self, *, block: int | None = None, k: int = 0) -> Summary:
@@ -411,7 +460,10 @@ class LongCapture:
         block = check_summary(self.num_tokens, block, k)
         held = self._summary
         if held is None or held.block > block or held.k < k:
-            self._summary = summarise(self, block=block, k=min(int(k), self.num_tokens))
+            summary = summarise(self, block=block, k=min(int(k), self.num_tokens))
+            for position, layer in enumerate(self.layers):
+                self._finite_result(layer, summary.received[position])
+            self._summary = summary
         return cast("Summary", self._summary)
 
     def head_stats(self) -> dict[str, np.ndarray]:
