@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from attnviz.errors import DumpError
+from attnviz.errors import DumpError, UsageError
 from tests.long_fixtures import build_tiny_llama, long_text
 
 TOKENS = 200
@@ -275,6 +275,40 @@ def _error(response: Any, status: int, *words: str) -> dict[str, Any]:
     for word in words:
         assert word in error["message"], error
     return error
+
+
+def test_the_atlas_block_is_bounded_by_the_capture(served: Any, dumped: Path) -> None:
+    import attnviz.long.record as record
+    from attnviz.long import load_long
+    from attnviz.render.long_html import pool_atlas
+
+    client = TestClient(served, base_url="http://127.0.0.1:8000")
+    key = served.state.long_store.default()
+    for block in (1 << 20, 2048):
+        _error(client.post("/api/long/atlas", json={"id": key, "layer": 0, "head": 0,
+                                                    "block": block}), 422,
+               f"block must be a power of two from 16 to 1024 for this capture of {TOKENS} "
+               f"tokens, got {block}")
+    _error(client.post("/api/long/atlas", json={"id": key, "layer": 0, "head": 0,
+                                                "block": 1 << 21}), 422, "block")
+    answer = client.post("/api/long/atlas", json={"id": key, "layer": 0, "head": "mean",
+                                                  "block": 1024})
+    assert answer.status_code == 200 and answer.json()["shape"] == [1, 1]
+    cap = load_long(dumped)
+    sums = np.frombuffer(base64.b64decode(answer.json()["sums"]), "<f4")
+    assert sums[0] == pytest.approx(TOKENS, rel=1e-4)  # every row adds to 1
+    with pytest.raises(UsageError, match="from 16 to 1024"):
+        cap.atlas(0, 0, 1 << 20)
+    with pytest.raises(UsageError, match="from 16 to 1024"):
+        cap.summarise(block=1 << 20)
+    assert record.largest_block(5000) == 8192 and record.largest_block(10) == 1024
+    # Pooling past the grid is one cell, with no padding to pay for.
+    rng = np.random.default_rng(0)
+    s, m = rng.random((13, 13)).astype(np.float32), rng.random((13, 13)).astype(np.float32)
+    pooled_sums, pooled_maxes = pool_atlas(s, m, 1 << 20)
+    assert pooled_sums.shape == (1, 1)
+    assert pooled_sums[0, 0] == pytest.approx(float(s.astype(np.float64).sum()), rel=1e-6)
+    assert pooled_maxes[0, 0] == m.max()
 
 
 def test_a_damaged_served_capture_is_not_a_500(model_dir: Path, folder: Path) -> None:

@@ -90,6 +90,26 @@ def write_sidecar(folder: Path, sidecar: dict[str, Any]) -> None:
                       root=folder)
 
 
+def largest_block(size: int) -> int:
+    """The largest atlas block of a text of ``size`` tokens: the smallest power of two that
+    holds the text (at least 1024, so the 64-256-1024 pyramid always works), at most
+    :data:`MAX_BLOCK`. A larger block would be one cell, padded at great cost."""
+    return min(MAX_BLOCK, max(1024, 1 << max(0, int(size) - 1).bit_length()))
+
+
+def check_block(size: int, block: int) -> int:
+    """``block`` as an int, checked for a text of ``size`` tokens.
+
+    Raises:
+        UsageError: not a power of two from 16 to :func:`largest_block`.
+    """
+    block, largest = int(block), largest_block(size)
+    if block < 16 or block > largest or block & (block - 1):
+        raise UsageError(f"block must be a power of two from 16 to {largest} for this capture "
+                         f"of {size} tokens, got {block}", "use 64, 256 or 1024")
+    return block
+
+
 def check_summary(size: int, block: int | None, k: int) -> int:
     """Check a summary's atlas ``block`` and top ``k``; returns the block (by default the
     finest from 64 up that keeps the grid within 512 x 512 cells).
@@ -100,10 +120,7 @@ def check_summary(size: int, block: int | None, k: int) -> int:
     """
     from attnviz.long.scan import auto_block
 
-    block = auto_block(size) if block is None else int(block)
-    if block < 16 or block > MAX_BLOCK or block & (block - 1):
-        raise UsageError(f"block must be a power of two from 16 to {MAX_BLOCK}, got {block}",
-                         "use 64, 256 or 1024")
+    block = check_block(size, auto_block(size) if block is None else block)
     if not 0 <= int(k) <= MAX_TOPK:
         raise UsageError(f"k must be between 0 and {MAX_TOPK}, got {k}")
     return block
@@ -441,10 +458,7 @@ class LongCapture:
 
         layer = self._layer(layer)
         index = self._head(head)
-        block = int(block)
-        if block < 16 or block > MAX_BLOCK or block & (block - 1):
-            raise UsageError(f"block must be a power of two from 16 to {MAX_BLOCK}, got {block}",
-                             "use 64, 256 or 1024")
+        block = check_block(self.num_tokens, block)
         sums, maxes = atlas_head(self, layer, index, block)
         self._finite_result(layer, sums, maxes)
         return sums, maxes
