@@ -311,6 +311,13 @@ def test_the_atlas_block_is_bounded_by_the_capture(served: Any, dumped: Path) ->
     assert pooled_maxes[0, 0] == m.max()
 
 
+def test_a_model_without_a_long_path_is_a_client_error(served: Any) -> None:
+    client = TestClient(served, base_url="http://127.0.0.1:8000")
+    error = _error(client.post("/api/long/capture", json={"text": "hi", "model": "toy"}), 422,
+                   "toy model has no long path")
+    assert error["type"] == "LongUnsupported"
+
+
 def test_a_damaged_served_capture_is_not_a_500(model_dir: Path, folder: Path) -> None:
     """A capture whose keys overflow answers with its error, not an internal one."""
     from attnviz.long import load_long
