@@ -258,6 +258,23 @@ def test_control_characters_in_saved_tokens_are_escaped(folder: Path, invoke: An
 
 
 # --------------------------------------------------------------------------- --measure
+@pytest.mark.parametrize("command", [
+    ("dump", "--from", "{f}", "--measure", "norm", "-o", "{o}/d"),
+    ("top-k", "--from", "{f}", "--measure", "alti", "-l", "0", "--head", "0"),
+    ("heads", "--from", "{f}", "--measure", "norm"),
+    ("html", "--long-from", "{f}", "--measure", "norm", "-o", "{o}/r.html"),
+])
+def test_a_measure_is_refused_for_a_saved_long_capture(dumped: Path, tmp_path: Path,
+                                                       invoke: Any,
+                                                       command: tuple[str, ...]) -> None:
+    args = [a.format(f=dumped, o=tmp_path) for a in command]
+    _one_line_error(invoke(*args), 2, "is a long capture: it holds attention weights, not",
+                    "leave out --measure")
+    assert not list(tmp_path.iterdir())  # nothing written
+    allowed = invoke(*[a if a not in ("norm", "alti") else "weights" for a in args])
+    assert allowed.exit_code == 0, allowed.output
+
+
 # --------------------------------------------------------------------------- the routes
 @pytest.fixture(scope="module")
 def served(model_dir: Path, dumped: Path) -> Any:
