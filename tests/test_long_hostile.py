@@ -19,6 +19,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from attnviz.errors import DumpError, UsageError
+from tests._servers import tampering_proxy
 from tests.long_fixtures import build_tiny_llama, long_text
 
 TOKENS = 200
@@ -382,3 +383,75 @@ CLIENT_CASES = [
     ("/api/long/capture", lambda a: {**a, "layers": [0, 0]},
      "the server's answer is not a long capture (its layers"),
 ]
+
+
+@pytest.mark.parametrize(("route", "change", "words"), CLIENT_CASES)
+def test_bad_answers_of_a_server_are_refused(served: Any, model_dir: Path, invoke: Any,
+                                            route: str, change: Any, words: str) -> None:
+    def tamper(path: str, answer: Any) -> Any:
+        return change(answer) if path == route else answer
+
+    with tampering_proxy(served, tamper) as url:
+        result = invoke("top-k", "-", "--model", str(model_dir), "--long", "--server", url,
+                        "-l", "0", "--head", "1", "-k", "2", input=long_text(60))
+    _one_line_error(result, 1, words, "check that --server points at 'attnviz serve'")
+
+
+@pytest.mark.parametrize(("route", "change", "words"), [
+    ("/api/long/tile", lambda a: {**a, "shape": [a["shape"][0] - 1, a["shape"][1]]},
+     "the server's answer is not the tile asked for"),
+    ("/api/long/tile", lambda a: {**a, "weights": "%%%"}, "not valid base64"),
+    ("/api/long/atlas", lambda a: {**a, "shape": [1, 1]}, "not the atlas asked for"),
+    ("/api/long/atlas", lambda a: {**a, "maxes": _b64_of(np.full(a["shape"], np.inf))},
+     "NaN or infinite"),
+    ("/api/long/received", lambda a: {"received": _b64_of([1.0, 2.0], "<f8")},
+     "the server's answer is not attention received (it holds 16 bytes"),
+    ("/api/long/stats", lambda a: {**a, "sinks": [0.5]}, "the server's answer is not sinks"),
+    ("/api/long/stats", lambda a: {**a, "stats": {"entropy": [[1.0]]}},
+     "the server's answer is not head statistics"),
+])
+def test_bad_numbers_of_a_server_are_refused_in_python(served: Any, model_dir: Path,
+                                                       route: str, change: Any,
+                                                       words: str) -> None:
+    from attnviz.server.client import RemoteSession, ServerError
+
+    def tamper(path: str, answer: Any) -> Any:
+        return change(answer) if path == route else answer
+
+    with tampering_proxy(served, tamper) as url:
+        cap = RemoteSession(url).capture_long(long_text(60), model=str(model_dir))
+        calls = {"/api/long/tile": lambda: cap.tile(0, 1, 0, 10, 0, 10),
+                 "/api/long/atlas": lambda: cap.atlas(0, 1, 16),
+                 "/api/long/received": lambda: cap.received(0, 1),
+                 "/api/long/stats": lambda: (cap.sinks(), cap.head_stats())}
+        with pytest.raises(ServerError, match=words.replace("(", r"\(")):
+            calls[route]()
+
+
+def test_token_text_of_a_server_cannot_drive_the_terminal(served: Any, model_dir: Path,
+                                                          invoke: Any) -> None:
+    def tamper(path: str, answer: Any) -> Any:
+        if path == "/api/long/capture":
+            answer = {**answer, "model": answer["model"] + "\x1b[2J",
+                      "warnings": ["\x1b[1mbold"]}
+            for name in ("tokens", "display_tokens"):
+                answer[name] = [HOSTILE + t for t in answer[name]]
+        if path == "/api/long/stats":  # token 3 a sink in every head: the sinks line names it
+            answer = {**answer, "sinks": [1.0 if i == 3 else 0.0
+                                          for i in range(len(answer["sinks"]))]}
+        return answer
+
+    with tampering_proxy(served, tamper) as url:
+        outputs = {}
+        for command in (("top-k", "-l", "0", "--head", "1", "-k", "2"),
+                        ("top-k", "-l", "0", "--head", "1", "-k", "2", "-f", "json"),
+                        ("heads",)):
+            result = invoke(*command[:1], "-", "--model", str(model_dir), "--long", "--server",
+                            url, *command[1:], input=long_text(60))
+            assert result.exit_code == 0, result.output
+            assert "\x1b" not in result.output and "\x07" not in result.output
+            outputs[command[-1]] = result.stdout
+    shown = "\\x1b[31mRED\\x1b]0;pwn\\x07"
+    assert json.loads(outputs["json"])["rows"][3]["query"].startswith(shown)
+    note = "".join(outputs["heads"].split())  # the sinks line, unwrapped
+    assert f"Attentionsinks(meanweightabove0.3):3:{shown}" in note

@@ -42,6 +42,7 @@ from attnviz.errors import (
     OutputError,
     UsageError,
 )
+from attnviz.server.answers import NotAttnvizAnswer, ServerError
 from attnviz.session import (
     Selection,
     Session,
@@ -65,14 +66,6 @@ _ERRORS: dict[str, type[AttnvizError]] = {
     cls.__name__: cls for cls in (UsageError, InputError, ModelLoadError, DeviceError, DumpError,
                                   OutputError)}
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-class ServerError(AttnvizError):
-    """The server cannot be reached, needs a token, or did not answer with attnviz's API."""
-
-
-class NotAttnvizAnswer(ServerError):
-    """An answer that is not attnviz's API (e.g. a route an older server does not have)."""
 
 
 def _shown_url(text: str) -> str:
