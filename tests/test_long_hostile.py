@@ -243,11 +243,12 @@ def test_control_characters_in_saved_tokens_are_escaped(folder: Path, invoke: An
     def change(sidecar: dict[str, Any]) -> None:
         sidecar["tokens"][3] = HOSTILE
         sidecar["display_tokens"][3] = HOSTILE
+        sidecar["model"] = "llama" + HOSTILE
 
     _tamper(folder, change)
     cap = load_long(folder)
     shown = "\\x1b[31mRED\\x1b]0;pwn\\x07"
-    assert cap.tokens[3] == cap.display_tokens[3] == shown
+    assert cap.tokens[3] == cap.display_tokens[3] == shown and cap.model == "llama" + shown
     for command in (("top-k", "--from", str(folder), "-l", "0", "--head", "0", "-k", "3"),
                     ("heads", "--from", str(folder))):
         result = invoke(*command)
@@ -426,6 +427,22 @@ def test_bad_numbers_of_a_server_are_refused_in_python(served: Any, model_dir: P
                  "/api/long/stats": lambda: (cap.sinks(), cap.head_stats())}
         with pytest.raises(ServerError, match=words.replace("(", r"\(")):
             calls[route]()
+
+
+def test_a_long_capture_of_other_layers_is_refused(served: Any, model_dir: Path) -> None:
+    from attnviz.server.client import RemoteSession, ServerError
+
+    def tamper(path: str, answer: Any) -> Any:
+        if path == "/api/long/capture":
+            answer = {**answer, "layers": [1], "num_layers": 2}
+        return answer
+
+    with tampering_proxy(served, tamper) as url:
+        session = RemoteSession(url)
+        with pytest.raises(ServerError, match=r"a long capture of layers \[1\], not layers=0"):
+            session.capture_long(long_text(60), model=str(model_dir), layers="0")
+        assert session.capture_long(long_text(60), model=str(model_dir),
+                                    layers="1").layers == [1]
 
 
 def test_token_text_of_a_server_cannot_drive_the_terminal(served: Any, model_dir: Path,

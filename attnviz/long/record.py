@@ -164,7 +164,7 @@ class LongCapture:
         self.folder = folder
         self._sidecar = sidecar
         checked = read_sidecar(sidecar)  # ValueError: what is wrong with it
-        self.model = checked.model
+        self.model = escape_controls(checked.model)  # titles print it
         self.text = checked.text
         self.pair: str | None = checked.pair
         # Token text reaches terminals and pages: control characters as their escapes.

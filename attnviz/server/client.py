@@ -628,6 +628,18 @@ class RemoteSession(Session):
             raise ServerError(f"the server at {self.url} answered with a long capture of "
                               "another text", "check that --server points at 'attnviz serve' "
                               "of this version")
+        if layer_text:
+            from attnviz.selection import parse_selection
+
+            try:
+                wanted: list[int] | None = parse_selection(layer_text, cap.num_layers, "layer")
+            except UsageError:
+                wanted = None  # the server's model has fewer layers than the ones asked for
+            if wanted != cap.layers:
+                raise ServerError(f"the server at {self.url} answered with a long capture of "
+                                  f"layers {cap.layers[:8]}, not --layers {layer_text}",
+                                  "check that --server points at 'attnviz serve' of this "
+                                  "version")
         for message in cap.meta.get("warnings", []):
             self._note(str(message))
         return cap
