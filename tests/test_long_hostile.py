@@ -132,7 +132,7 @@ def test_a_damaged_sidecar_is_refused_when_read(folder: Path, change: Any, words
 @pytest.mark.parametrize("command", [
     ("heads", "--from", "{f}"), ("heatmap", "--from", "{f}", "-l", "1", "-o", "{o}/h.png"),
     ("html", "--long-from", "{f}", "-o", "{o}/r.html"), ("export", "--from", "{f}", "-o", "{o}"),
-    ("dump", "--from", "{f}", "-o", "{o}/d"),
+    ("dump", "--from", "{f}", "-o", "{o}/d"), ("serve", "--long-from", "{f}", "--port", "0"),
 ])
 def test_every_command_reports_a_short_scale_list(folder: Path, tmp_path: Path, invoke: Any,
                                                   command: tuple[str, ...]) -> None:
