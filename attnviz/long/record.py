@@ -30,8 +30,7 @@ SIDECAR = "long.json"
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 #: Largest tile (query rows x keys) one call returns: 64 Mi weights, 256 MiB of float32.
 MAX_TILE = 64 << 20
-_DAMAGED = "the long capture folder is damaged: capture again"
-#: Largest atlas block.
+#: Largest atlas block of any capture (a capture's own bound: :func:`largest_block`).
 MAX_BLOCK = 1 << 20
 #: Values read at a time when a layer's arrays are checked for NaN and infinities.
 FINITE_CHUNK = 1 << 22
@@ -39,6 +38,8 @@ FINITE_CHUNK = 1 << 22
 MAX_SCORE = 1e28
 #: Largest ``k`` of :meth:`LongCapture.topk`.
 MAX_TOPK = 1024
+#: The hint of every damaged-folder error.
+_DAMAGED = "the long capture folder is damaged: capture again"
 
 
 class LongUnsupported(ModelLoadError):
