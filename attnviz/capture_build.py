@@ -39,8 +39,8 @@ def clean_token(token: str) -> str:
 
 
 def escape_controls(text: str) -> str:
-    """Control characters (terminal escapes among them) as their escapes (``\\x1b``): they
-    would draw as missing glyphs, or act on a terminal."""
+    """``text`` with its control characters as their escapes (``\\x1b``): they would draw as
+    missing glyphs, and on a terminal they are commands."""
     return "".join(f"\\x{ord(ch):02x}" if unicodedata.category(ch) == "Cc" else ch
                    for ch in text)
 

@@ -353,6 +353,7 @@ class LongPath:
         if request.heads is not None:
             raise UsageError("--heads does not apply to a long capture: it keeps every head of "
                              "its layers", "leave out --heads")
+        refuse_measure(request.measure, cast("Path", request.from_path))
         cap = load_long(cast("Path", request.from_path), mmap=True)
         if request.layers is not None:
             from attnviz.selection import parse_selection
@@ -397,6 +398,18 @@ def long_layer(cap: LongCapture, layer: int) -> int:
                          f"{', '.join(map(str, cap.layers))})",
                          "choose one of those layers, or capture again with --layers")
     return index
+
+
+def refuse_measure(measure: str | None, folder: Path | str) -> None:
+    """Refuse ``--measure`` other than ``weights`` for the long capture in ``folder``.
+
+    Raises:
+        UsageError: a long capture holds attention weights only.
+    """
+    if (measure or "weights") != "weights":
+        raise UsageError(f"{folder} is a long capture: it holds attention weights, not "
+                         f"{measure}", "leave out --measure, or capture the text again with "
+                                       f"--no-long --measure {measure}")
 
 
 def is_long_folder(path: Path | str) -> bool:

@@ -103,3 +103,47 @@ class ServeProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def tampering_proxy(app: Any, tamper: Any) -> Iterator[str]:
+    """A loopback HTTP server that passes each request to ``app`` (in-process, Starlette's
+    TestClient) and answers with ``tamper(path, answer)``: the app's JSON answer, changed (a
+    hostile server that speaks attnviz's API almost right). Yields its address."""
+    import http.server
+    import json
+
+    from starlette.testclient import TestClient
+
+    client = TestClient(app, base_url="http://127.0.0.1:8000")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            path = self.path.split("?", 1)[0]
+            response = client.request(self.command, path, content=body or None,
+                                      headers={"content-type": "application/json"})
+            answer = response.json() if response.status_code == 200 else None
+            data = (json.dumps(tamper(path, answer)).encode() if answer is not None
+                    else response.content)
+            self.send_response(response.status_code)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST  # noqa: N815
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

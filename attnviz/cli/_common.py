@@ -133,7 +133,8 @@ MeasureOpt = Annotated[str | None, typer.Option(
     help="What to show: weights (attention, the default), norm (||\u03b1f(x)||, Kobayashi et "
          "al. 2020), norm-res-ln (with the residual and LayerNorm, Kobayashi et al. 2021), alti "
          "(Ferrando et al. 2022) or value-zeroing (Mohebbi et al. 2023); Hugging Face models "
-         "only. With --from: the saved capture's own. Example: --measure norm.")]
+         "only. With --from: the saved capture's own (a long capture holds weights). Example: "
+         "--measure norm.")]
 
 # Figure options: windows and the colour scale (attnviz.render.heatmap.ColourScale).
 TokensOpt = Annotated[str | None, typer.Option(

@@ -30,10 +30,16 @@ SIDECAR = "long.json"
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 #: Largest tile (query rows x keys) one call returns: 64 Mi weights, 256 MiB of float32.
 MAX_TILE = 64 << 20
-#: Largest atlas block.
+#: Largest atlas block of any capture (a capture's own bound: :func:`largest_block`).
 MAX_BLOCK = 1 << 20
+#: Values read at a time when a layer's arrays are checked for NaN and infinities.
+FINITE_CHUNK = 1 << 22
+#: Largest score a layer's queries and keys may make (scores below -1e29 mean masked keys).
+MAX_SCORE = 1e28
 #: Largest ``k`` of :meth:`LongCapture.topk`.
 MAX_TOPK = 1024
+#: The hint of every damaged-folder error.
+_DAMAGED = "the long capture folder is damaged: capture again"
 
 
 class LongUnsupported(ModelLoadError):
@@ -85,6 +91,26 @@ def write_sidecar(folder: Path, sidecar: dict[str, Any]) -> None:
                       root=folder)
 
 
+def largest_block(size: int) -> int:
+    """The largest atlas block of a text of ``size`` tokens: the smallest power of two that
+    holds the text (at least 1024, so the 64-256-1024 pyramid always works), at most
+    :data:`MAX_BLOCK`. A larger block would be one cell, padded at great cost."""
+    return min(MAX_BLOCK, max(1024, 1 << max(0, int(size) - 1).bit_length()))
+
+
+def check_block(size: int, block: int) -> int:
+    """``block`` as an int, checked for a text of ``size`` tokens.
+
+    Raises:
+        UsageError: not a power of two from 16 to :func:`largest_block`.
+    """
+    block, largest = int(block), largest_block(size)
+    if block < 16 or block > largest or block & (block - 1):
+        raise UsageError(f"block must be a power of two from 16 to {largest} for this capture "
+                         f"of {size} tokens, got {block}", "use 64, 256 or 1024")
+    return block
+
+
 def check_summary(size: int, block: int | None, k: int) -> int:
     """Check a summary's atlas ``block`` and top ``k``; returns the block (by default the
     finest from 64 up that keeps the grid within 512 x 512 cells).
@@ -95,10 +121,7 @@ def check_summary(size: int, block: int | None, k: int) -> int:
     """
     from attnviz.long.scan import auto_block
 
-    block = auto_block(size) if block is None else int(block)
-    if block < 16 or block > MAX_BLOCK or block & (block - 1):
-        raise UsageError(f"block must be a power of two from 16 to {MAX_BLOCK}, got {block}",
-                         "use 64, 256 or 1024")
+    block = check_block(size, auto_block(size) if block is None else block)
     if not 0 <= int(k) <= MAX_TOPK:
         raise UsageError(f"k must be between 0 and {MAX_TOPK}, got {k}")
     return block
@@ -136,33 +159,37 @@ class LongCapture:
     rows_sum_to_one = True
 
     def __init__(self, folder: Path, sidecar: dict[str, Any], mmap: bool = True) -> None:
+        from attnviz.capture_build import escape_controls
+        from attnviz.long.sidecar import read_sidecar
+
         self.folder = folder
         self._sidecar = sidecar
-        self.model = str(sidecar["model"])
-        self.text = str(sidecar["text"])
-        self.pair: str | None = sidecar.get("pair")
-        self.tokens: list[str] = list(sidecar["tokens"])
-        self.display_tokens: list[str] = list(sidecar["display_tokens"])
-        self.word_ids: list[int | None] = list(sidecar["word_ids"])
-        self.special: list[bool] = [bool(x) for x in sidecar["special"]]
-        self.layers: list[int] = [int(x) for x in sidecar["layers"]]
-        self.num_layers = int(sidecar["num_layers"])
-        self.num_heads = int(sidecar["num_heads"])
-        self.num_kv_heads = int(sidecar["num_kv_heads"])
-        self.head_dim = int(sidecar["head_dim"])
-        self.dtype = str(sidecar["dtype"])
-        self.causal = bool(sidecar["causal"])
-        self.scales = {layer: float(s) for layer, s in zip(self.layers, sidecar["scales"])}
-        self.windows: dict[int, int | None] = {
-            layer: None if w is None else int(w) for layer, w in zip(self.layers,
-                                                                     sidecar["windows"])}
+        checked = read_sidecar(sidecar)  # ValueError: what is wrong with it
+        self.model = escape_controls(checked.model)  # titles print it
+        self.text = checked.text
+        self.pair: str | None = checked.pair
+        # Token text reaches terminals and pages: control characters as their escapes.
+        self.tokens: list[str] = [escape_controls(t) for t in checked.tokens]
+        self.display_tokens: list[str] = [escape_controls(t) for t in checked.display_tokens]
+        self.word_ids: list[int | None] = list(checked.word_ids)
+        self.special: list[bool] = list(checked.special)
+        self.layers: list[int] = list(checked.layers)
+        self.num_layers = checked.num_layers
+        self.num_heads = checked.num_heads
+        self.num_kv_heads = checked.num_kv_heads
+        self.head_dim = checked.head_dim
+        self.dtype: str = checked.dtype
+        self.causal = checked.causal
+        self.scales = dict(zip(self.layers, checked.scales))
+        self.windows: dict[int, int | None] = dict(zip(self.layers, checked.windows))
         windows = [w for w in self.windows.values() if w is not None]
         self.window: int | None = max(windows) if windows else None
-        self.meta: dict[str, Any] = dict(sidecar.get("meta") or {})
+        self.meta: dict[str, Any] = dict(checked.meta or {})
         self.num_tokens = len(self.tokens)
         self.device = "cpu"
         self._mmap = mmap
         self._arrays: dict[tuple[str, int], np.ndarray] = {}
+        self._finite: set[int] = set()  # layers whose arrays were checked for NaN and inf
         self._summary: Summary | None = None
         self._cleanup: weakref.finalize | None = None
         self._check()
@@ -176,8 +203,11 @@ class LongCapture:
         except FileNotFoundError:
             raise DumpError(f"{folder} is not a long capture: it has no {SIDECAR}",
                             "pass the folder capture_long or LongCapture.save wrote") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DumpError(f"cannot read {path}: {exc}") from None
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError, JSONDecodeError included
+            raise DumpError(f"cannot read {path}: {exc}", _DAMAGED) from None
+        except RecursionError:
+            raise DumpError(f"cannot read {path}: its JSON is nested too deeply",
+                            _DAMAGED) from None
         if not isinstance(sidecar, dict) or sidecar.get("format") != FORMAT_NAME:
             raise DumpError(f"{path} is not a long capture sidecar (format "
                             f"{sidecar.get('format') if isinstance(sidecar, dict) else None!r})")
@@ -187,8 +217,8 @@ class LongCapture:
                             f"{FORMAT_VERSION}", "upgrade attnviz to read it")
         try:
             return cls(folder, sidecar, mmap)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DumpError(f"{path} is damaged ({type(exc).__name__}: {exc})") from None
+        except ValueError as exc:  # the sidecar's own problem, in one line
+            raise DumpError(f"{path} is damaged: {exc}", _DAMAGED) from None
 
     def _array(self, kind: str, layer: int) -> np.ndarray:
         key = (kind, layer)
@@ -219,7 +249,7 @@ class LongCapture:
                     raise DumpError(
                         f"{self.folder / layer_file(kind, layer)} holds {array.dtype} "
                         f"{array.shape}, the sidecar says {np.dtype(dtype)} {shape}",
-                        "the long capture folder is damaged: capture again")
+                        _DAMAGED)
 
     def save(self, folder: str | Path) -> Path:
         """Copy the capture's files into ``folder`` (arrays first, the sidecar last, each
@@ -300,9 +330,47 @@ class LongCapture:
         part = array[:, q0:q1] if heads is None else array[heads, q0:q1]
         return torch.from_numpy(np.array(part, dtype=np.float32)).to(self.device)
 
+    def _check_finite(self, layer: int) -> None:
+        """Refuse a layer whose stored queries, keys or log-sum-exp hold NaN or infinities,
+        or whose queries and keys are so large that a score could overflow (by
+        Cauchy-Schwarz, ``|scale * q.k| <= scale * |q| * |k|``). Read in chunks of token
+        rows; once per layer."""
+        if layer in self._finite:
+            return
+        largest = {}
+        for kind in ("q", "k", "lse"):
+            array = self._array(kind, layer)
+            per_token = max(1, array.size // max(1, array.shape[1]))
+            step = max(1, FINITE_CHUNK // per_token)
+            norm = 0.0
+            for start in range(0, array.shape[1], step):
+                part = array[:, start:start + step]
+                if kind == "lse":
+                    bad = not bool(np.isfinite(part).all())
+                else:
+                    values = _from_storage(part, self.dtype)  # float32: an inf norm is too large
+                    bad = not bool(values.isfinite().all())
+                    if not bad and values.numel():
+                        norm = max(norm, float(values.norm(dim=-1).max()))
+                if bad:
+                    raise DumpError(f"{self.folder / layer_file(kind, layer)} holds NaN or "
+                                    "infinite values", _DAMAGED)
+            largest[kind] = norm
+        if self.scales[layer] * largest["q"] * largest["k"] > MAX_SCORE:
+            raise DumpError(f"the queries and keys of layer {layer} in {self.folder} are too "
+                            "large: their scores would not be finite numbers", _DAMAGED)
+        self._finite.add(layer)
+
+    def _finite_result(self, layer: int, *results: np.ndarray) -> None:
+        """Refuse weights that came out NaN or infinite (finite but huge queries or keys)."""
+        if not all(bool(np.isfinite(r).all()) for r in results):
+            raise DumpError(f"the weights of layer {layer} in {self.folder} are not finite "
+                            "numbers: its queries or keys are too large", _DAMAGED)
+
     def _operands(self, layer: int, head: int | None, q0: int, q1: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and lse of one head (or of every head when ``head`` is None)."""
+        self._check_finite(layer)
         if head is None:
             return (self._queries(layer, None, q0, q1), self._keys(layer),
                     self._lse(layer, None, q0, q1))
@@ -346,7 +414,9 @@ class LongCapture:
             out += s.exp_()
         if index is None:
             out /= heads
-        return out.cpu().numpy()
+        weights = out.cpu().numpy()
+        self._finite_result(layer, weights)
+        return weights
 
     def rows(self, layer: int, head: int | str, q0: int, q1: int) -> np.ndarray:
         """Exact weights of queries ``q0..q1`` against every key: ``[q1 - q0, T]`` float32."""
@@ -368,7 +438,9 @@ class LongCapture:
         q0, q1 = self._span(q0, q1, "query")
         if not 1 <= int(k) <= MAX_TOPK:
             raise UsageError(f"k must be between 1 and {MAX_TOPK}, got {k}")
-        return topk_head(self, layer, index, min(int(k), self.num_tokens), q0, q1)
+        indices, values = topk_head(self, layer, index, min(int(k), self.num_tokens), q0, q1)
+        self._finite_result(layer, values)
+        return indices, values
 
     def atlas(self, layer: int, head: int | str, block: int) -> tuple[np.ndarray, np.ndarray]:
         """Block-aggregated weights of one head (or ``"mean"``): for ``block``-token blocks of
@@ -387,11 +459,10 @@ class LongCapture:
 
         layer = self._layer(layer)
         index = self._head(head)
-        block = int(block)
-        if block < 16 or block > MAX_BLOCK or block & (block - 1):
-            raise UsageError(f"block must be a power of two from 16 to {MAX_BLOCK}, got {block}",
-                             "use 64, 256 or 1024")
-        return atlas_head(self, layer, index, block)
+        block = check_block(self.num_tokens, block)
+        sums, maxes = atlas_head(self, layer, index, block)
+        self._finite_result(layer, sums, maxes)
+        return sums, maxes
 
     # ------------------------------------------------------------------ whole-capture scans
     def summarise(self, *, block: int | None = None, k: int = 0) -> Summary:
@@ -404,7 +475,10 @@ class LongCapture:
         block = check_summary(self.num_tokens, block, k)
         held = self._summary
         if held is None or held.block > block or held.k < k:
-            self._summary = summarise(self, block=block, k=min(int(k), self.num_tokens))
+            summary = summarise(self, block=block, k=min(int(k), self.num_tokens))
+            for position, layer in enumerate(self.layers):
+                self._finite_result(layer, summary.received[position])
+            self._summary = summary
         return cast("Summary", self._summary)
 
     def head_stats(self) -> dict[str, np.ndarray]:

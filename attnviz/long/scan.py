@@ -66,6 +66,7 @@ def pool(sums: np.ndarray, maxes: np.ndarray, factor: int) -> tuple[np.ndarray, 
     if factor == 1:
         return sums.copy(), maxes.copy()
     n = sums.shape[0]
+    factor = max(1, min(factor, n))  # one cell holds it all: no padding beyond the grid
     m = -(-n // factor)
     pad = m * factor - n
     s = np.pad(sums, ((0, pad), (0, pad))).reshape(m, factor, m, factor)

@@ -126,6 +126,7 @@ def pool_atlas(sums: np.ndarray, maxes: np.ndarray, factor: int
     if factor == 1:
         return sums, maxes
     n = sums.shape[0]
+    factor = max(1, min(factor, n))  # one cell holds it all: no padding beyond the grid
     m = -(-n // factor)
     pad = m * factor - n
 

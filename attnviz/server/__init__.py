@@ -7,7 +7,8 @@
 - :mod:`attnviz.server.app`: the Starlette application (:func:`create_app`): routes, the token,
   body limits, timeouts, security headers and the page.
 - :mod:`attnviz.server.client`: :class:`~attnviz.server.client.RemoteSession`, the session the
-  CLI uses with ``--server URL``.
+  CLI uses with ``--server URL``; :mod:`attnviz.server.long_client` its long captures, and
+  :mod:`attnviz.server.answers` the checks of what a server answers.
 
 Importing this package is cheap; Starlette is imported by :func:`create_app`.
 """

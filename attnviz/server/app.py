@@ -134,8 +134,12 @@ def _error_of(error: AttnvizError) -> Response:
     if isinstance(error, ApiError):
         headers = None if error.retry_after is None else {"Retry-After": str(error.retry_after)}
         return error_response(error.status, error.kind, error.message, error.hint, headers)
+    from attnviz.long import LongUnsupported
+
     kind = type(error).__name__
     if isinstance(error, UsageError):  # InputError included: what the CLI exits 2 for
+        return error_response(422, kind, error.message, error.hint)
+    if isinstance(error, LongUnsupported):  # the request's model cannot take the long path
         return error_response(422, kind, error.message, error.hint)
     return error_response(500, kind, error.message, error.hint)
 

@@ -42,6 +42,7 @@ from attnviz.errors import (
     OutputError,
     UsageError,
 )
+from attnviz.server.answers import NotAttnvizAnswer, ServerError
 from attnviz.session import (
     Selection,
     Session,
@@ -65,14 +66,6 @@ _ERRORS: dict[str, type[AttnvizError]] = {
     cls.__name__: cls for cls in (UsageError, InputError, ModelLoadError, DeviceError, DumpError,
                                   OutputError)}
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-class ServerError(AttnvizError):
-    """The server cannot be reached, needs a token, or did not answer with attnviz's API."""
-
-
-class NotAttnvizAnswer(ServerError):
-    """An answer that is not attnviz's API (e.g. a route an older server does not have)."""
 
 
 def _shown_url(text: str) -> str:
@@ -635,6 +628,18 @@ class RemoteSession(Session):
             raise ServerError(f"the server at {self.url} answered with a long capture of "
                               "another text", "check that --server points at 'attnviz serve' "
                               "of this version")
+        if layer_text:
+            from attnviz.selection import parse_selection
+
+            try:
+                wanted: list[int] | None = parse_selection(layer_text, cap.num_layers, "layer")
+            except UsageError:
+                wanted = None  # the server's model has fewer layers than the ones asked for
+            if wanted != cap.layers:
+                raise ServerError(f"the server at {self.url} answered with a long capture of "
+                                  f"layers {cap.layers[:8]}, not --layers {layer_text}",
+                                  "check that --server points at 'attnviz serve' of this "
+                                  "version")
         for message in cap.meta.get("warnings", []):
             self._note(str(message))
         return cap

@@ -9,11 +9,13 @@ the wire. Larger questions are split into parts the server answers.
 
 from __future__ import annotations
 
-import base64
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from attnviz.errors import UsageError
 from attnviz.long import LongCapture
+from attnviz.server.answers import array_of, field, not_an_answer, numbers, shape_of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,51 +30,102 @@ class Requester(Protocol):
 
 #: Values asked for in one request (the server's default bound is 4 Mi).
 PART_VALUES = 1 << 21
+#: Bounds of what a server may say about a long capture.
+MAX_TOKENS = 1 << 24
+MAX_LAYERS = 4096
+_Size = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+_Count = Annotated[int, Field(ge=1, le=MAX_LAYERS)]
 
 
-def _array(text: str, dtype: str, shape: list[int] | None = None) -> np.ndarray:
-    import numpy as np
+class LongInfo(BaseModel):
+    """What ``/api/long/capture`` answers, checked (the fields a client reads)."""
 
-    data = np.frombuffer(base64.b64decode(text, validate=True), dtype=dtype).copy()
-    return data.reshape(shape) if shape is not None else data
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    id: Annotated[str, Field(min_length=1, max_length=64)]
+    max_weights: _Size = PART_VALUES
+    model: str
+    text: str
+    pair: str | None = None
+    tokens: list[str]
+    display_tokens: list[str]
+    word_ids: list[Annotated[int, Field(ge=0)] | None] | None = None
+    special: list[bool] | None = None
+    layers: list[Annotated[int, Field(ge=0, lt=MAX_LAYERS)]] = Field(min_length=1)
+    num_layers: _Count
+    num_heads: _Count
+    num_kv_heads: _Count
+    num_tokens: _Size
+    causal: bool
+    window: _Size | None = None
+    dtype: str = "float32"
+    warnings: list[str] = []
+
+    @model_validator(mode="after")
+    def _agree(self) -> LongInfo:
+        for name in ("tokens", "display_tokens", "word_ids", "special"):
+            entries = getattr(self, name)
+            if entries is not None and len(entries) != self.num_tokens:
+                raise ValueError(f"its {name} are {len(entries)} for {self.num_tokens} tokens")
+        if len(set(self.layers)) != len(self.layers) or max(self.layers) >= self.num_layers:
+            raise ValueError(f"its layers {self.layers[:8]} are not layers of a model of "
+                             f"{self.num_layers}")
+        return self
+
+
+def _shown(text: str) -> str:
+    """A server's text for this terminal: control and format characters (escapes, bidi
+    overrides) removed."""
+    import unicodedata
+
+    return "".join(ch for ch in text if unicodedata.category(ch) not in ("Cc", "Cf"))
 
 
 class RemoteLongCapture(LongCapture):
     """A long capture held by ``attnviz serve``, read through its API (a
     :class:`~attnviz.long.LongCapture` whose reads are requests; it has no folder here).
+    Every answer is checked (shapes, base64, finite numbers, token lists) before use.
 
     Args:
         session: the :class:`~attnviz.server.client.RemoteSession` that made it.
         info: the server's answer to ``/api/long/capture``.
 
     Raises:
-        KeyError, TypeError, ValueError: the answer is not a long capture.
+        ServerError: the answer is not a long capture.
     """
 
     def __init__(self, session: Requester, info: dict[str, Any]) -> None:
+        from attnviz.capture_build import escape_controls
+
         # LongCapture.__init__ opens a folder; this one reads the server's answer instead.
         self._session = session
-        self.id = str(info["id"])
-        self.part_values = max(1, min(PART_VALUES, int(info.get("max_weights", PART_VALUES))))
-        self.model = str(info["model"])
-        self.text = str(info["text"])
-        self.pair = info.get("pair")
-        self.tokens = [str(t) for t in info["tokens"]]
-        self.display_tokens = [str(t) for t in info["display_tokens"]]
-        self.word_ids = list(info.get("word_ids") or [])
-        self.special = [bool(s) for s in info.get("special") or []]
-        self.layers = [int(x) for x in info["layers"]]
-        self.num_layers = int(info["num_layers"])
-        self.num_heads = int(info["num_heads"])
-        self.num_kv_heads = int(info["num_kv_heads"])
-        self.num_tokens = int(info["num_tokens"])
-        self.causal = bool(info["causal"])
-        self.window = None if info.get("window") is None else int(info["window"])
-        self.dtype = str(info.get("dtype", "float32"))
-        self.meta = {"warnings": [str(w) for w in info.get("warnings", [])],
-                                     "server": session.url}
-        if len(self.display_tokens) != self.num_tokens:
-            raise ValueError("its display tokens are not one per token")
+        try:
+            checked = LongInfo.model_validate(info)
+        except ValidationError as error:
+            from attnviz.long.sidecar import problem
+
+            raise not_an_answer("a long capture", problem(error)) from None
+        self.id = checked.id
+        self.part_values = max(1, min(PART_VALUES, checked.max_weights))
+        self.model = _shown(checked.model)
+        self.text = checked.text
+        self.pair = checked.pair
+        size = checked.num_tokens
+        # Token text is printed here: control characters as their escapes, as local ones.
+        self.tokens = [escape_controls(t) for t in checked.tokens]
+        self.display_tokens = [escape_controls(t) for t in checked.display_tokens]
+        self.word_ids = list(checked.word_ids or [None] * size)
+        self.special = list(checked.special or [False] * size)
+        self.layers = list(checked.layers)
+        self.num_layers = checked.num_layers
+        self.num_heads = checked.num_heads
+        self.num_kv_heads = checked.num_kv_heads
+        self.num_tokens = size
+        self.causal = checked.causal
+        self.window = checked.window
+        self.dtype = _shown(checked.dtype)[:16]
+        self.meta = {"warnings": [_shown(w) for w in checked.warnings],
+                     "server": session.url}
         self.windows = dict.fromkeys(self.layers, self.window)
 
     def _ask(self, route: str, **body: Any) -> Any:
@@ -89,7 +142,11 @@ class RemoteLongCapture(LongCapture):
         for start in range(q0, q1, step):
             stop = min(q1, start + step)
             answer = self._ask("tile", layer=layer, head=head, q0=start, q1=stop, k0=k0, k1=k1)
-            parts.append(_array(answer["weights"], "<f4", answer["shape"]))
+            shape = shape_of(field(answer, "shape", "a tile"), "a tile", 2)
+            if shape != (stop - start, k1 - k0):
+                raise not_an_answer("the tile asked for", f"its shape is {list(shape)}, not "
+                                                          f"{[stop - start, k1 - k0]}")
+            parts.append(_weights(field(answer, "weights", "a tile"), "a tile", shape))
         if not parts:
             return np.zeros((0, max(0, k1 - k0)), dtype=np.float32)
         return np.concatenate(parts)
@@ -108,29 +165,43 @@ class RemoteLongCapture(LongCapture):
         for start in range(q0, q1, step):
             stop = min(q1, start + step)
             answer = self._ask("topk", layer=layer, head=head, k=k, q0=start, q1=stop)
-            indices.append(np.asarray(answer["indices"], dtype=np.int64))
-            values.append(_array(answer["values"], "<f4", answer["shape"]))
+            shape = shape_of(field(answer, "shape", "a top-k"), "a top-k", 2)
+            if shape[0] != stop - start or not 1 <= shape[1] <= max(1, k):
+                raise not_an_answer("the top-k asked for", f"its shape is {list(shape)} for "
+                                                           f"{stop - start} queries")
+            indices.append(numbers(field(answer, "indices", "a top-k"), "a top-k", shape,
+                                   integers=True, low=-1, high=self.num_tokens - 1))
+            values.append(_weights(field(answer, "values", "a top-k"), "a top-k", shape))
+        if not values:
+            return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
         return np.concatenate(indices), np.concatenate(values)
 
     def atlas(self, layer: int, head: int | str, block: int) -> tuple[np.ndarray, np.ndarray]:
         answer = self._ask("atlas", layer=layer, head=head, block=block)
-        return (_array(answer["sums"], "<f4", answer["shape"]),
-                _array(answer["maxes"], "<f4", answer["shape"]))
+        shape = shape_of(field(answer, "shape", "an atlas"), "an atlas", 2)
+        side = -(-self.num_tokens // max(1, int(block)))
+        if shape != (side, side):
+            raise not_an_answer("the atlas asked for", f"its shape is {list(shape)}, not "
+                                                       f"{[side, side]}")
+        sums = array_of(field(answer, "sums", "an atlas"), "<f4", "an atlas", shape)
+        return sums, _weights(field(answer, "maxes", "an atlas"), "an atlas", shape)
 
     def head_stats(self) -> dict[str, np.ndarray]:
-        import numpy as np
-
-        answer = self._ask("stats")
-        return {str(name): np.asarray(values, dtype=np.float64)
-                for name, values in answer["stats"].items()}
+        stats = field(self._ask("stats"), "stats", "head statistics")
+        if not isinstance(stats, dict) or len(stats) > 64:
+            raise not_an_answer("head statistics", "its stats are not named tables")
+        shape = (len(self.layers), self.num_heads)
+        return {_shown(str(name))[:40]: numbers(values, "head statistics", shape)
+                for name, values in stats.items()}
 
     def sinks(self, threshold: float = 0.3) -> np.ndarray:
-        import numpy as np
-
-        return np.asarray(self._ask("stats", threshold=threshold)["sinks"], dtype=np.float64)
+        return numbers(field(self._ask("stats", threshold=threshold), "sinks", "sinks"),
+                       "sinks", (self.num_tokens,), low=0, high=1)
 
     def received(self, layer: int, head: int | str) -> np.ndarray:
-        return _array(self._ask("received", layer=layer, head=head)["received"], "<f8")
+        return array_of(field(self._ask("received", layer=layer, head=head), "received",
+                              "attention received"), "<f8", "attention received",
+                        (self.num_tokens,))
 
     def save(self, folder: Any) -> Any:
         raise UsageError("a long capture made by a server stays there: its queries and keys "
@@ -143,3 +214,13 @@ class RemoteLongCapture(LongCapture):
     def __repr__(self) -> str:
         return (f"RemoteLongCapture(model={self.model!r}, tokens={self.num_tokens}, "
                 f"server={self._session.url!r})")
+
+
+def _weights(text: Any, what: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Attention weights a server sent: float32 of ``shape``, each from 0 to 1."""
+    import numpy as np
+
+    values = array_of(text, "<f4", what, shape)
+    if values.size and not (float(values.min()) >= 0 and float(values.max()) <= 1 + 1e-3):
+        raise not_an_answer(what, "its weights are not between 0 and 1")
+    return values.astype(np.float32)

@@ -68,6 +68,9 @@ if TYPE_CHECKING:
     from attnviz.long import LongCapture
     from attnviz.server.engine import Engine
 
+#: Largest atlas block of any capture (attnviz.long.record.MAX_BLOCK; a capture's own bound
+#: is smaller: attnviz.long.record.largest_block).
+MAX_BLOCK = 1 << 20
 #: The storage types of a long capture (``--long-dtype``).
 DTYPES = ("float32", "float16", "bfloat16")
 _ID = Annotated[str, chars(64)]
@@ -116,7 +119,7 @@ class TileRequest(_OnCapture):
 class AtlasRequest(_OnCapture):
     layer: _Layer
     head: _Head
-    block: Annotated[int, between(16, 1 << 20)] = 64
+    block: Annotated[int, between(16, MAX_BLOCK)] = 64  # and at most the capture's largest
     format: _Format = "json"
 
 
@@ -164,8 +167,10 @@ class AtlasCache:
 
     def atlas(self, cap: LongCapture, layer: int, head: int | str, block: int
               ) -> tuple[np.ndarray, np.ndarray]:
+        from attnviz.long.record import check_block
         from attnviz.render.long_html import atlas_blocks, pool_atlas
 
+        block = check_block(cap.num_tokens, block)  # before any padding is paid for
         finest = atlas_blocks(cap.num_tokens)[0]
         if block < finest or block & (block - 1):  # the capture answers (or refuses) these
             return cap.atlas(layer, head, block)
@@ -417,6 +422,9 @@ def long_routes(engine: Engine, run: Any, read: Any, endpoint: Any, to_json: Any
     async def atlas(request: Request) -> Response:
         body = await read(request, AtlasRequest, limits)
         cap = store.get(body.id)
+        from attnviz.long.record import check_block
+
+        check_block(cap.num_tokens, body.block)  # 422 naming the largest block
         blocks = -(-cap.num_tokens // body.block)
         _check_weights(2 * blocks * blocks, limits.long_max_weights, "the atlas")
 
