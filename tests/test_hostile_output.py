@@ -533,3 +533,25 @@ def test_a_link_to_a_regular_file_under_dev_shm_is_replaced(invoke, tmp_path: Pa
         _clean(invoke("heads", "a b", *TOY, "-f", "csv", "-o", link), 0)
         assert not link.is_symlink() and link.read_text().startswith("layer,head")
         assert elsewhere.read_text() == "mine"
+
+
+@pytest.mark.parametrize("name", ["victim.txt", "victim", "notes.md"])
+def test_dump_over_an_existing_file_that_is_not_a_capture_is_a_usage_error(
+        invoke, tmp_path: Path, name: str) -> None:
+    """As generate --dump says it (dump's read "cannot write ...", exit 1, after the work)."""
+    victim = tmp_path / name
+    victim.write_bytes(b"mine, do not touch\n")
+    output = " ".join(_clean(invoke("dump", "a b", *TOY, "-o", victim), 2).split())
+    assert f"-o {victim}: a file with that name exists and is not a capture" in output
+    assert victim.read_bytes() == b"mine, do not touch\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_dump_over_an_existing_npy_file_replaces_it(invoke, tmp_path: Path) -> None:
+    import numpy as np
+
+    target = tmp_path / "old.npy"
+    np.save(target, np.zeros(3))
+    result = invoke("dump", "a b", *TOY, "-o", target)
+    assert result.exit_code == 0, result.output
+    assert np.load(target).ndim == 4 and (tmp_path / "old.json").is_file()

@@ -384,6 +384,10 @@ def dump(
     """
     check_output(out, folder=True)
     request = options.request(layers=layers, heads=heads, long_path=True)
+    if out.exists() and not out.is_dir() and out.suffix.lower() != ".npy":  # before any work
+        raise UsageError(f"-o {out}: a file with that name exists and is not a capture; -o "
+                         "names a folder (attention.npy and capture.json go in it) or a "
+                         "NAME.npy file", "choose another folder for -o")
     if out.suffix.lower() in _NOT_A_CAPTURE and not out.exists():
         raise UsageError(f"-o {out}: a capture is written as a folder (attention.npy and "
                          f"capture.json) or as NAME.npy beside NAME.json, not as "
