@@ -187,6 +187,26 @@ def test_automatic_switch_past_the_limit(invoke: Any, llama_dir: Path, long_text
     assert bad.exit_code == 2 and "ATTNVIZ_MAX_FULL_MB='lots' is not a size" in bad.stderr
 
 
+def test_dump_says_what_it_writes_when_it_switches_by_itself(
+        invoke: Any, llama_dir: Path, long_text: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNVIZ_MAX_FULL_MB", "1")
+    folder = tmp_path / "auto"
+    result = _ok(invoke("dump", "-", "--model", str(llama_dir), "--no-cache", "-o", str(folder),
+                        input=long_text))
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "more than 1 MB" in lines[0]
+    assert lines[0].endswith("writing a long capture (long.json, q_/k_/lse_LLL.npy) instead of "
+                             "attention.npy; --no-long writes every weight")
+    names = sorted(p.name for p in folder.iterdir())
+    assert "long.json" in names and "attention.npy" not in names and "q_001.npy" in names
+    # --no-long, as the line says, writes every weight.
+    full = _ok(invoke("dump", "-", "--model", str(llama_dir), "--no-long", "--no-cache", "-o",
+                      str(tmp_path / "full"), input=long_text))
+    assert "long" not in full.stderr
+    assert (tmp_path / "full" / "attention.npy").is_file()
+
+
 def test_dump_long_reads_back_with_from(invoke: Any, llama_dir: Path, long_text: str,
                                         tmp_path: Path, full_weights: np.ndarray) -> None:
     folder = tmp_path / "book"
