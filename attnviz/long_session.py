@@ -253,6 +253,8 @@ class LongPath:
         cannot take the long path (see :meth:`answer_long`)."""
         from pathlib import Path
 
+        from attnviz.capture_files import StagedDump
+
         folder = Path(path)
         self._check_long_folder(folder, float16)
 
@@ -263,9 +265,14 @@ class LongPath:
                 float16=float16, use_cache=request.use_cache)
             return written
 
-        answer = self.answer_long(request, text, pair, folder=folder, full=full)
-        if isinstance(answer, tuple):
-            return answer
+        # Written beside the folder's files, moved in once complete: an interrupted or failed
+        # dump leaves the folder as it was (and no folder when it made it).
+        with StagedDump(folder) as staged:
+            answer = self.answer_long(request, text, pair, folder=staged.path, full=full)
+            if isinstance(answer, tuple):
+                return answer
+            staged.commit()
+            answer.folder = folder  # its arrays are mapped already; the files were renamed
         return folder, answer
 
     def write_long(self, cap: LongCapture, path: Path | str, *, float16: bool = False
@@ -273,9 +280,13 @@ class LongPath:
         """Save a long capture read with ``--from`` into the folder ``path``."""
         from pathlib import Path
 
+        from attnviz.capture_files import StagedDump
+
         folder = Path(path)
         self._check_long_folder(folder, float16)
-        cap.save(folder)
+        with StagedDump(folder) as staged:
+            cap.save(staged.path)
+            staged.commit()
         return folder, cap
 
     @staticmethod

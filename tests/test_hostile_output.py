@@ -555,3 +555,35 @@ def test_dump_over_an_existing_npy_file_replaces_it(invoke, tmp_path: Path) -> N
     result = invoke("dump", "a b", *TOY, "-o", target)
     assert result.exit_code == 0, result.output
     assert np.load(target).ndim == 4 and (tmp_path / "old.json").is_file()
+
+
+@pytest.mark.parametrize("before", [None, "long.json", "capture.json"])
+def test_an_interrupted_full_dump_leaves_the_folder_as_it_was(invoke, tmp_path: Path,
+                                                              monkeypatch, before) -> None:
+    """Stopped as the weights are written: no attention.npy, no temporary, no folder it made; an
+    earlier capture's files (and nothing else) stay."""
+    from attnviz.stream import CaptureWriter
+
+    folder = tmp_path / "d"
+    if before is not None:
+        folder.mkdir()
+        names = (["long.json", "q_000.npy", "k_000.npy", "lse_000.npy"]
+                 if before == "long.json" else ["attention.npy", "capture.json"])
+        for name in names:
+            (folder / name).write_bytes(f"old {name}".encode())
+        (folder / "notes.txt").write_text("mine")
+    files = {p.name: p.read_bytes() for p in folder.iterdir()} if folder.exists() else None
+    real = CaptureWriter.allocate
+
+    def stop_once_allocated(self, shape):
+        real(self, shape)
+        assert [p for p in folder.iterdir() if p.name.endswith(".tmp")]  # the weights' file
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(CaptureWriter, "allocate", stop_once_allocated)
+    result = invoke("dump", "a b c", *TOY, "--no-cache", "-o", folder)
+    assert result.exit_code == 130, result.output
+    if files is None:
+        assert not folder.exists()
+    else:
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == files

@@ -576,3 +576,66 @@ def test_the_token_bound_of_a_long_capture(invoke: Any, llama_dir: Path,
                     "0", input="The cat sat on the mat " * 40)
     assert result.exit_code == 2
     assert "more than the 100 a long capture takes" in " ".join(result.stderr.split())
+
+
+# --------------------------------------------------------------------------- one capture a folder
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+@pytest.mark.parametrize("stop", ["KeyboardInterrupt", "Terminated", "OSError"])
+@pytest.mark.parametrize("before", ["nothing", "full", "long"])
+def test_a_failed_long_dump_leaves_the_folder_as_it_was(
+        invoke: Any, llama_dir: Path, long_text: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, stop: str, before: str) -> None:
+    """Stopped after the first layer's files: no partial capture, the old one still reads."""
+    import attnviz.long.seam as seam
+    from attnviz.cli._app import Terminated
+
+    folder = tmp_path / "d"
+    if before == "full":
+        _ok(invoke("dump", "good morning sun", "--model", str(llama_dir), "-o", str(folder)))
+    elif before == "long":
+        _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "--layers", "1", "-o",
+                   str(folder), input=long_text))
+    if before != "nothing":
+        (folder / "notes.txt").write_text("mine")
+    files = {p.name: p.read_bytes() for p in folder.iterdir()} if folder.exists() else None
+    write, calls = seam._write_npy, []
+
+    def failing(target: Path, name: str, array: Any) -> None:
+        calls.append(name)
+        if len(calls) == 4:  # q_, k_, lse_ of the first layer are written
+            error = {"KeyboardInterrupt": KeyboardInterrupt(), "Terminated": Terminated(),
+                     "OSError": OSError(28, "No space left on device")}[stop]
+            raise error
+        write(target, name, array)
+
+    monkeypatch.setattr(seam, "_write_npy", failing)
+    result = invoke("dump", "-", "--model", str(llama_dir), "--long", "-o", str(folder),
+                    input=long_text)
+    code = {"KeyboardInterrupt": 130, "Terminated": 143}.get(stop)
+    if code is None:
+        assert isinstance(result.exception, OSError)  # not ours: re-raised, never hidden
+    else:
+        assert result.exit_code == code, result.output
+    assert len(calls) == 4
+    if files is None:
+        assert not folder.exists()
+        return
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == files
+    monkeypatch.setattr(seam, "_write_npy", write)
+    _ok(invoke("top-k", "--from", str(folder), "-l", "-1", "--head", "0", "-k", "1"))
+
+
+def test_an_incomplete_long_capture_is_named_as_such(invoke: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "sg"
+    folder.mkdir()
+    for name in ("q_000.npy", "k_000.npy", "lse_000.npy"):
+        np.save(folder / name, np.zeros((1, 2)))
+    result = invoke("top-k", "--from", str(folder), "-l", "0", "--head", "0")
+    assert result.exit_code == 1, result.output
+    output = " ".join(result.stderr.split())
+    assert "long.json is missing: an interrupted dump --long?" in output
+    assert "dump it again" in output and "capture.json" not in output
+    assert "Traceback" not in result.output
