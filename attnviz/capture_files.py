@@ -88,8 +88,8 @@ def remove_other_captures(folder: Path, keep: Iterable[str]) -> list[str]:
 class StagedDump:
     """One dump into the folder ``folder``, written into a hidden folder inside it first.
 
-    :meth:`commit` moves every staged file into ``folder`` (the sidecar last). Leaving the
-    block without
+    :meth:`commit` moves every staged file into ``folder`` (the sidecar last) and removes the
+    files of any other capture there (:func:`remove_other_captures`). Leaving the block without
     :meth:`commit` (an error, Ctrl-C, SIGTERM) removes the staged files, and ``folder`` itself
     when this dump made it and it is empty.
     """
@@ -120,7 +120,8 @@ class StagedDump:
             remove_empty_dirs(self._created)
 
     def commit(self, sidecar: str = LONG_SIDECAR) -> list[str]:
-        """Move the staged files into the folder, ``sidecar`` last; returns the names moved.
+        """Move the staged files into the folder, ``sidecar`` last, and remove the files of
+        any other capture there; returns the names moved.
 
         Raises:
             OutputError: a folder stands where a file goes (nothing is moved then).
@@ -139,6 +140,7 @@ class StagedDump:
                 except OSError as exc:
                     raise OutputError(f"cannot write {self.folder / name}: "
                                       f"{exc.strerror or exc}") from None
+            remove_other_captures(self.folder, names)
             os.rmdir(self.path)
             self._done = True
         return names

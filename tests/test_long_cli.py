@@ -583,6 +583,51 @@ def _names(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
+def test_a_dump_replaces_the_capture_already_in_its_folder(
+        invoke: Any, llama_dir: Path, long_text: str, tmp_path: Path) -> None:
+    """--from reads what was dumped last; attnviz's other capture files go, nothing else."""
+    from attnviz import load_capture
+
+    folder, outside = tmp_path / "d", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("mine")
+    _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "-o", str(folder),
+               input=long_text))
+    (folder / "notes.txt").write_text("mine")
+    (folder / "q_notes.npy").write_text("mine")
+    (folder / "q_007.npy").symlink_to(outside / "victim.txt")
+    long_files = ["k_000.npy", "k_001.npy", "long.json", "lse_000.npy", "lse_001.npy",
+                  "q_000.npy", "q_001.npy"]
+    assert _names(folder) == sorted([*long_files, "notes.txt", "q_notes.npy", "q_007.npy"])
+    # A full dump over the long capture: --from reads it, the long files are gone.
+    _ok(invoke("dump", "good morning sun", "--model", str(llama_dir), "-o", str(folder)))
+    assert _names(folder) == ["attention.npy", "capture.json", "notes.txt", "q_notes.npy"]
+    assert (outside / "victim.txt").read_text() == "mine"  # the link went, not its target
+    flags = ("-l", "0", "--head", "1", "-k", "2", "-f", "json")
+    rows = json.loads(_ok(invoke("top-k", "--from", str(folder), *flags)).stdout)["rows"]
+    live = json.loads(_ok(invoke("top-k", "good morning sun", "--model", str(llama_dir),
+                                 "--no-cache", *flags)).stdout)["rows"]
+    assert load_capture(folder).text == "good morning sun"
+    assert [r["query"] for r in rows] == [r["query"] for r in live] and len(rows) < 10
+    np.testing.assert_allclose([t["weight"] for r in rows for t in r["top"]],
+                               [t["weight"] for r in live for t in r["top"]], atol=TOL)
+    # A long dump over the full one: attention.npy and capture.json go.
+    _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "-o", str(folder),
+               input=long_text))
+    assert _names(folder) == sorted([*long_files, "notes.txt", "q_notes.npy"])
+    # Fewer layers over more: the other layers' arrays go.
+    _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "--layers", "1", "-o",
+               str(folder), input=long_text))
+    assert _names(folder) == ["k_001.npy", "long.json", "lse_001.npy", "notes.txt",
+                              "q_001.npy", "q_notes.npy"]
+    sidecar = json.loads((folder / "long.json").read_text())
+    assert sidecar["layers"] == [1]
+    long_flags = ("-l", "1", "--head", "2", "-k", "3")
+    from_dump = json.loads(_ok(invoke("top-k", "--from", str(folder), "-f", "json",
+                                      *long_flags)).stdout)
+    _same_topk(from_dump, _topk(invoke, llama_dir, long_text, "--no-long", *long_flags))
+
+
 @pytest.mark.parametrize("stop", ["KeyboardInterrupt", "Terminated", "OSError"])
 @pytest.mark.parametrize("before", ["nothing", "full", "long"])
 def test_a_failed_long_dump_leaves_the_folder_as_it_was(

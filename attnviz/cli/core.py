@@ -381,6 +381,10 @@ def dump(
     lse_000.npy) and its sidecar long.json; heatmap, top-k and heads read it back with --from.
 
       cat book.txt | attnviz dump - --model ./llama --long --long-dtype bfloat16 -o book/
+
+    A folder holds one capture: once a dump into it is complete, the files of an earlier
+    capture there (attention.npy, capture.json, long.json, q_/k_/lse_LLL.npy) are removed and
+    nothing else is. An interrupted or failed dump leaves the folder as it was.
     """
     check_output(out, folder=True)
     request = options.request(layers=layers, heads=heads, long_path=True)
