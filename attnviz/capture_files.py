@@ -44,6 +44,7 @@ LONG_SIDECAR = "long.json"
 _LONG_ARRAY = re.compile(r"^(?:q|k|lse)_\d{3,}\.npy$")
 #: Sidecars first: with its sidecar gone, a half-removed capture reads as incomplete.
 _SIDECARS = ("capture.json", LONG_SIDECAR)
+_STAGING = re.compile(r"^\.attnviz-dump\.(?P<pid>[0-9]+)\.[0-9a-f]{8}\.tmp$")
 
 
 def is_long_array(name: str) -> bool:
@@ -103,6 +104,7 @@ class StagedDump:
     def __enter__(self) -> StagedDump:
         with signals_held():  # the folders made are known to __exit__ before a signal lands
             ensure_dir(self.folder, created=self._created)
+            _remove_stale_staging(self.folder)
             try:
                 os.mkdir(self.path)
             except OSError as exc:
@@ -144,3 +146,17 @@ class StagedDump:
             os.rmdir(self.path)
             self._done = True
         return names
+
+
+def _remove_stale_staging(folder: Path) -> None:
+    """Remove the staging folders a killed dump (SIGKILL, a power cut) left in ``folder``:
+    only ours (the name), only real folders (not links), only of processes that are gone."""
+    from attnviz.fileio import _pid_alive
+
+    for name in list_folder(folder):
+        match = _STAGING.match(name)
+        if match is None or _pid_alive(int(match.group("pid"))):
+            continue
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)

@@ -8,6 +8,7 @@ full capture of the same text (eager attention, every weight), within 1e-5.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -405,7 +406,6 @@ def test_a_real_process(llama_dir: Path, long_text: str, tmp_path: Path,
                         full_weights: np.ndarray) -> None:
     env = {"ATTNVIZ_MAX_FULL_MB": "1", "ATTNVIZ_CACHE_DIR": str(tmp_path / "cache"),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    import os
 
     done = subprocess.run(
         [sys.executable, "-m", "attnviz", "top-k", "-", "--model", str(llama_dir), "-l", "0",
@@ -684,3 +684,28 @@ def test_an_incomplete_long_capture_is_named_as_such(invoke: Any, tmp_path: Path
     assert "long.json is missing: an interrupted dump --long?" in output
     assert "dump it again" in output and "capture.json" not in output
     assert "Traceback" not in result.output
+
+
+def test_dump_from_a_long_capture_replaces_the_folder_and_cleans_a_killed_dump(
+        invoke: Any, llama_dir: Path, long_text: str, tmp_path: Path) -> None:
+    """dump --from a long capture goes the same way; a killed dump's staging folder (its
+    process gone) is removed, a live one's and look-alikes are not."""
+    import subprocess
+
+    source, folder = tmp_path / "src", tmp_path / "d"
+    _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "--layers", "0", "-o",
+               str(source), input=long_text))
+    _ok(invoke("dump", "good morning sun", "--model", str(llama_dir), "-o", str(folder)))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    killed = folder / f".attnviz-dump.{gone}.0123abcd.tmp"
+    killed.mkdir()
+    (killed / "q_000.npy").write_text("half")
+    live = folder / f".attnviz-dump.{os.getpid()}.89abcdef.tmp"
+    live.mkdir()
+    (folder / ".attnviz-dump.notes.tmp").mkdir()
+    _ok(invoke("dump", "--from", str(source), "-o", str(folder)))
+    assert _names(folder) == sorted([".attnviz-dump.notes.tmp", live.name, "k_000.npy",
+                                     "long.json", "lse_000.npy", "q_000.npy"])
+    for name in ("q_000.npy", "k_000.npy", "lse_000.npy", "long.json"):
+        assert (folder / name).read_bytes() == (source / name).read_bytes()
