@@ -28,6 +28,7 @@ from attnviz.capture_build import (  # noqa: F401  (guess_word_ids re-exported)
     measure_label,
     model_label,
 )
+from attnviz.capture_files import check_not_incomplete_long
 from attnviz.capture_format import (  # noqa: F401  (re-exported)
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -421,6 +422,8 @@ def load_capture(path: Path | str, *, mmap: bool = False) -> Capture:
                         "create one with: attnviz dump \"your text\" -o my_capture")
     npy_path, json_path = _paths_for_load(path)
     if not json_path.is_file():
+        if path.is_dir():
+            check_not_incomplete_long(path)
         raise DumpError(f"capture {path} has no JSON sidecar ({json_path.name} is missing)",
                         "the capture is incomplete: create it again with attnviz dump")
     if not npy_path.is_file():

@@ -45,6 +45,9 @@ _MAX_FULL_MB_CEILING = 100_000_000
 MAX_LONG_TOKENS = 1 << 20
 #: Special tokens a tokenizer may add around a text and a pair (an upper bound).
 _SPECIAL_ROOM = 16
+#: What ``dump`` says when it takes the long path by itself (after why).
+DUMPING_LONG = ("writing a long capture (long.json, q_/k_/lse_LLL.npy) instead of attention.npy; "
+                "--no-long writes every weight")
 
 
 def size_text(size: float) -> str:
@@ -162,9 +165,11 @@ class LongPath:
         enc, _ = encode(text, pair, request.max_tokens, request.truncate)
         return int(enc["input_ids"].shape[1])
 
-    def wants_long(self, request: CaptureRequest, text: str, pair: str | None) -> bool:
+    def wants_long(self, request: CaptureRequest, text: str, pair: str | None, *,
+                   dumping: bool = False) -> bool:
         """Whether the long capture answers ``request`` (``request.long``; for ``None``,
-        whether the full capture exceeds :func:`max_full_bytes`, said through ``warn``).
+        whether the full capture exceeds :func:`max_full_bytes`, said through ``warn``; with
+        ``dumping``, the line says which files are written instead of ``attention.npy``).
 
         The text is tokenized only when a bound on its length does not settle it, so a short
         text never loads the model here (the cache may answer it).
@@ -174,7 +179,7 @@ class LongPath:
         reason = self.too_big(request, [(text, pair)])
         if reason is None:
             return False
-        self._note(f"{reason}: taking the long path (--long)")
+        self._note(f"{reason}: {DUMPING_LONG if dumping else 'taking the long path (--long)'}")
         return True
 
     def too_big(self, request: CaptureRequest, texts: Iterable[tuple[str, str | None]]
@@ -248,6 +253,8 @@ class LongPath:
         cannot take the long path (see :meth:`answer_long`)."""
         from pathlib import Path
 
+        from attnviz.capture_files import StagedDump
+
         folder = Path(path)
         self._check_long_folder(folder, float16)
 
@@ -258,9 +265,14 @@ class LongPath:
                 float16=float16, use_cache=request.use_cache)
             return written
 
-        answer = self.answer_long(request, text, pair, folder=folder, full=full)
-        if isinstance(answer, tuple):
-            return answer
+        # Written beside the folder's files, moved in once complete: an interrupted or failed
+        # dump leaves the folder as it was (and no folder when it made it).
+        with StagedDump(folder) as staged:
+            answer = self.answer_long(request, text, pair, folder=staged.path, full=full)
+            if isinstance(answer, tuple):
+                return answer
+            staged.commit()
+            answer.folder = folder  # its arrays are mapped already; the files were renamed
         return folder, answer
 
     def write_long(self, cap: LongCapture, path: Path | str, *, float16: bool = False
@@ -268,9 +280,13 @@ class LongPath:
         """Save a long capture read with ``--from`` into the folder ``path``."""
         from pathlib import Path
 
+        from attnviz.capture_files import StagedDump
+
         folder = Path(path)
         self._check_long_folder(folder, float16)
-        cap.save(folder)
+        with StagedDump(folder) as staged:
+            cap.save(staged.path)
+            staged.commit()
         return folder, cap
 
     @staticmethod

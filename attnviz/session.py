@@ -458,7 +458,7 @@ class Session(LongPath):
             capture = self._saved(request, mmap=True)
             return write_capture(capture, path, float16=float16), capture
         text, pair = self._texts(request)
-        if request.long is not False and self.wants_long(request, text, pair):
+        if request.long is not False and self.wants_long(request, text, pair, dumping=True):
             return self.dump_long(request, text, pair, path, float16=float16)
         written = self.dump(text, path, pair, model=request.model, layers=request.layers,
                             heads=request.heads, max_tokens=request.max_tokens,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from attnviz.capture import _paths_for_save
+from attnviz.capture_files import FULL_FILES, remove_other_captures
 from attnviz.fileio import atomic_path
 
 if TYPE_CHECKING:
@@ -176,6 +177,8 @@ class CaptureWriter:
                     self.npy_path.unlink()
             raise
         self._committed = True
+        if (self.npy_path.name, self.json_path.name) == FULL_FILES:  # the folder's capture
+            remove_other_captures(self.npy_path.parent, FULL_FILES)
         if reopen:
             capture.weights = np.load(self.npy_path, mmap_mode="r", allow_pickle=False)
         return self.npy_path

@@ -26,6 +26,7 @@ FLOORS: dict[str, int] = {
     "attnviz.csvtext": 0, "attnviz.checks": 0,
     "attnviz.fileio": 1,
     "attnviz.capture": 2, "attnviz.capture_format": 2, "attnviz.capture_build": 2,
+    "attnviz.capture_files": 2,
     "attnviz.models": 3, "attnviz.analysis": 3, "attnviz.measures": 3, "attnviz.long": 3,
     "attnviz.render": 4,
     "attnviz.cache": 5, "attnviz.stream": 5, "attnviz.request": 5, "attnviz.batches": 5,

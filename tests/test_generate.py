@@ -392,6 +392,35 @@ def test_cli_errors(invoke: Any, lm_dirs: dict[str, Path], args: list[str], code
     assert message in result.stderr and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(("out", "message"), [
+    ("gd2", "-o gd2 names the --dump folder gd2"),
+    ("gd2/table.csv", "is inside the --dump folder gd2"),
+    ("gd2/../gd2/rows.npy", "is inside the --dump folder gd2"),
+])
+def test_cli_refuses_out_in_the_dump_folder_before_loading(
+        invoke: Any, lm_dirs: dict[str, Path], out: str, message: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, forbid_loading: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    forbid_loading()
+    result = invoke("generate", PROMPT, "-m", lm_dirs["gpt2"], "-n", 2, "--dump", "gd2",
+                    "-o", out)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []  # nothing written, not even the folder
+
+
+def test_cli_out_beside_the_dump_folder_is_fine(invoke: Any, lm_dirs: dict[str, Path],
+                                                tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = invoke("generate", PROMPT, "-m", lm_dirs["gpt2"], "-n", 2, "--device", "cpu",
+                    "--dump", "gd2", "-o", "gd2.csv", "-f", "csv")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "gd2").iterdir()) == ["generation.json",
+                                                                      "rows.npy"]
+    assert (tmp_path / "gd2.csv").read_text().startswith("step,position,token")
+
+
 @pytest.mark.parametrize(("model", "message"), [
     ("minilm", "no causal language-model head (it is a BertModel)"),
     ("toy", "the toy model has no language-model head"),

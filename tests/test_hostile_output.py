@@ -548,3 +548,57 @@ def test_escapes_in_a_saved_captures_tokens_never_reach_the_terminal(invoke, tmp
     output = _clean(invoke("top-k", "--from", saved, "-l", "0", "--head", "0", "-f", fmt), 0)
     assert "\x1b" not in output and "\x07" not in output and "\x9b" not in output
     assert "\\x1b[31mB" in output
+
+
+@pytest.mark.parametrize("name", ["victim.txt", "victim", "notes.md"])
+def test_dump_over_an_existing_file_that_is_not_a_capture_is_a_usage_error(
+        invoke, tmp_path: Path, name: str) -> None:
+    """As generate --dump says it (dump's read "cannot write ...", exit 1, after the work)."""
+    victim = tmp_path / name
+    victim.write_bytes(b"mine, do not touch\n")
+    output = " ".join(_clean(invoke("dump", "a b", *TOY, "-o", victim), 2).split())
+    assert f"-o {victim}: a file with that name exists and is not a capture" in output
+    assert victim.read_bytes() == b"mine, do not touch\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_dump_over_an_existing_npy_file_replaces_it(invoke, tmp_path: Path) -> None:
+    import numpy as np
+
+    target = tmp_path / "old.npy"
+    np.save(target, np.zeros(3))
+    result = invoke("dump", "a b", *TOY, "-o", target)
+    assert result.exit_code == 0, result.output
+    assert np.load(target).ndim == 4 and (tmp_path / "old.json").is_file()
+
+
+@pytest.mark.parametrize("before", [None, "long.json", "capture.json"])
+def test_an_interrupted_full_dump_leaves_the_folder_as_it_was(invoke, tmp_path: Path,
+                                                              monkeypatch, before) -> None:
+    """Stopped as the weights are written: no attention.npy, no temporary, no folder it made; an
+    earlier capture's files (and nothing else) stay."""
+    from attnviz.stream import CaptureWriter
+
+    folder = tmp_path / "d"
+    if before is not None:
+        folder.mkdir()
+        names = (["long.json", "q_000.npy", "k_000.npy", "lse_000.npy"]
+                 if before == "long.json" else ["attention.npy", "capture.json"])
+        for name in names:
+            (folder / name).write_bytes(f"old {name}".encode())
+        (folder / "notes.txt").write_text("mine")
+    files = {p.name: p.read_bytes() for p in folder.iterdir()} if folder.exists() else None
+    real = CaptureWriter.allocate
+
+    def stop_once_allocated(self, shape):
+        real(self, shape)
+        assert [p for p in folder.iterdir() if p.name.endswith(".tmp")]  # the weights' file
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(CaptureWriter, "allocate", stop_once_allocated)
+    result = invoke("dump", "a b c", *TOY, "--no-cache", "-o", folder)
+    assert result.exit_code == 130, result.output
+    if files is None:
+        assert not folder.exists()
+    else:
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == files

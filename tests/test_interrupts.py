@@ -151,3 +151,72 @@ def test_an_event_loops_wakeup_descriptor_is_left_alone() -> None:
 
     asyncio.run(main())
     assert calls == [1]
+
+
+_SLOW_DUMP = """
+import sys, time
+import attnviz.long.seam as seam
+from attnviz.cli import main
+
+write = seam._write_npy
+
+def slow(folder, name, array):
+    write(folder, name, array)
+    if name == "lse_000.npy":  # the signal lands here, with the first layer's files written
+        sys.stderr.write(f"wrote {name}\\n")
+        sys.stderr.flush()
+        time.sleep(60)
+
+seam._write_npy = slow
+sys.argv = ["attnviz", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize(("signum", "code", "before"), [
+    (signal.SIGINT, 130, False), (signal.SIGTERM, 143, True)])
+def test_a_signal_during_dump_long_leaves_no_partial_capture(
+        tmp_path: Path, signum: int, code: int, before: bool) -> None:
+    """A real process stopped with its first layer's q_, k_ and lse_ files written: it exits
+    130 (Ctrl-C) or 143 (SIGTERM), removes what it wrote and the folder it made, and leaves
+    an earlier capture and the user's files as they were."""
+    import subprocess
+
+    from tests.long_fixtures import build_tiny_llama, capture_tiny_llama, long_text
+
+    model = build_tiny_llama(tmp_path / "llama")
+    out = tmp_path / "sg"
+    files: dict[str, bytes] | None = None
+    if before:
+        capture_tiny_llama(model, 64, out)
+        (out / "notes.txt").write_text("mine")
+        files = {p.name: p.read_bytes() for p in out.iterdir()}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_DUMP, "dump", "-", "-m", str(model), "--long", "--no-cache",
+         "-o", str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdin is not None and process.stderr is not None
+        process.stdin.write(long_text(600))
+        process.stdin.close()
+        seen = []
+        for line in process.stderr:
+            seen.append(line)
+            if line.startswith("wrote lse_000"):
+                break
+        assert seen and seen[-1].startswith("wrote lse_000"), "".join(seen)
+        process.send_signal(signum)
+        process.wait(timeout=120)
+        rest = process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == code, "".join(seen) + rest
+    assert "Traceback" not in rest
+    if files is None:
+        assert not out.exists()
+    else:
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == files

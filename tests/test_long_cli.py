@@ -8,6 +8,7 @@ full capture of the same text (eager attention, every weight), within 1e-5.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -185,6 +186,26 @@ def test_automatic_switch_past_the_limit(invoke: Any, llama_dir: Path, long_text
     monkeypatch.setenv("ATTNVIZ_MAX_FULL_MB", "lots")
     bad = invoke("top-k", "The cat", "--model", str(llama_dir), *flags)
     assert bad.exit_code == 2 and "ATTNVIZ_MAX_FULL_MB='lots' is not a size" in bad.stderr
+
+
+def test_dump_says_what_it_writes_when_it_switches_by_itself(
+        invoke: Any, llama_dir: Path, long_text: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNVIZ_MAX_FULL_MB", "1")
+    folder = tmp_path / "auto"
+    result = _ok(invoke("dump", "-", "--model", str(llama_dir), "--no-cache", "-o", str(folder),
+                        input=long_text))
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "more than 1 MB" in lines[0]
+    assert lines[0].endswith("writing a long capture (long.json, q_/k_/lse_LLL.npy) instead of "
+                             "attention.npy; --no-long writes every weight")
+    names = sorted(p.name for p in folder.iterdir())
+    assert "long.json" in names and "attention.npy" not in names and "q_001.npy" in names
+    # --no-long, as the line says, writes every weight.
+    full = _ok(invoke("dump", "-", "--model", str(llama_dir), "--no-long", "--no-cache", "-o",
+                      str(tmp_path / "full"), input=long_text))
+    assert "long" not in full.stderr
+    assert (tmp_path / "full" / "attention.npy").is_file()
 
 
 def test_dump_long_reads_back_with_from(invoke: Any, llama_dir: Path, long_text: str,
@@ -385,7 +406,6 @@ def test_a_real_process(llama_dir: Path, long_text: str, tmp_path: Path,
                         full_weights: np.ndarray) -> None:
     env = {"ATTNVIZ_MAX_FULL_MB": "1", "ATTNVIZ_CACHE_DIR": str(tmp_path / "cache"),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    import os
 
     done = subprocess.run(
         [sys.executable, "-m", "attnviz", "top-k", "-", "--model", str(llama_dir), "-l", "0",
@@ -580,3 +600,136 @@ def test_the_token_bound_of_a_long_capture(invoke: Any, llama_dir: Path,
                     "0", input="The cat sat on the mat " * 40)
     assert result.exit_code == 2
     assert "more than the 100 a long capture takes" in " ".join(result.stderr.split())
+
+
+# --------------------------------------------------------------------------- one capture a folder
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_a_dump_replaces_the_capture_already_in_its_folder(
+        invoke: Any, llama_dir: Path, long_text: str, tmp_path: Path) -> None:
+    """--from reads what was dumped last; attnviz's other capture files go, nothing else."""
+    from attnviz import load_capture
+
+    folder, outside = tmp_path / "d", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("mine")
+    _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "-o", str(folder),
+               input=long_text))
+    (folder / "notes.txt").write_text("mine")
+    (folder / "q_notes.npy").write_text("mine")
+    (folder / "q_007.npy").symlink_to(outside / "victim.txt")
+    long_files = ["k_000.npy", "k_001.npy", "long.json", "lse_000.npy", "lse_001.npy",
+                  "q_000.npy", "q_001.npy"]
+    assert _names(folder) == sorted([*long_files, "notes.txt", "q_notes.npy", "q_007.npy"])
+    # A full dump over the long capture: --from reads it, the long files are gone.
+    _ok(invoke("dump", "good morning sun", "--model", str(llama_dir), "-o", str(folder)))
+    assert _names(folder) == ["attention.npy", "capture.json", "notes.txt", "q_notes.npy"]
+    assert (outside / "victim.txt").read_text() == "mine"  # the link went, not its target
+    flags = ("-l", "0", "--head", "1", "-k", "2", "-f", "json")
+    rows = json.loads(_ok(invoke("top-k", "--from", str(folder), *flags)).stdout)["rows"]
+    live = json.loads(_ok(invoke("top-k", "good morning sun", "--model", str(llama_dir),
+                                 "--no-cache", *flags)).stdout)["rows"]
+    assert load_capture(folder).text == "good morning sun"
+    assert [r["query"] for r in rows] == [r["query"] for r in live] and len(rows) < 10
+    np.testing.assert_allclose([t["weight"] for r in rows for t in r["top"]],
+                               [t["weight"] for r in live for t in r["top"]], atol=TOL)
+    # A long dump over the full one: attention.npy and capture.json go.
+    _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "-o", str(folder),
+               input=long_text))
+    assert _names(folder) == sorted([*long_files, "notes.txt", "q_notes.npy"])
+    # Fewer layers over more: the other layers' arrays go.
+    _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "--layers", "1", "-o",
+               str(folder), input=long_text))
+    assert _names(folder) == ["k_001.npy", "long.json", "lse_001.npy", "notes.txt",
+                              "q_001.npy", "q_notes.npy"]
+    sidecar = json.loads((folder / "long.json").read_text())
+    assert sidecar["layers"] == [1]
+    long_flags = ("-l", "1", "--head", "2", "-k", "3")
+    from_dump = json.loads(_ok(invoke("top-k", "--from", str(folder), "-f", "json",
+                                      *long_flags)).stdout)
+    _same_topk(from_dump, _topk(invoke, llama_dir, long_text, "--no-long", *long_flags))
+
+
+@pytest.mark.parametrize("stop", ["KeyboardInterrupt", "Terminated", "OSError"])
+@pytest.mark.parametrize("before", ["nothing", "full", "long"])
+def test_a_failed_long_dump_leaves_the_folder_as_it_was(
+        invoke: Any, llama_dir: Path, long_text: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, stop: str, before: str) -> None:
+    """Stopped after the first layer's files: no partial capture, the old one still reads."""
+    import attnviz.long.seam as seam
+    from attnviz.cli._app import Terminated
+
+    folder = tmp_path / "d"
+    if before == "full":
+        _ok(invoke("dump", "good morning sun", "--model", str(llama_dir), "-o", str(folder)))
+    elif before == "long":
+        _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "--layers", "1", "-o",
+                   str(folder), input=long_text))
+    if before != "nothing":
+        (folder / "notes.txt").write_text("mine")
+    files = {p.name: p.read_bytes() for p in folder.iterdir()} if folder.exists() else None
+    write, calls = seam._write_npy, []
+
+    def failing(target: Path, name: str, array: Any) -> None:
+        calls.append(name)
+        if len(calls) == 4:  # q_, k_, lse_ of the first layer are written
+            error = {"KeyboardInterrupt": KeyboardInterrupt(), "Terminated": Terminated(),
+                     "OSError": OSError(28, "No space left on device")}[stop]
+            raise error
+        write(target, name, array)
+
+    monkeypatch.setattr(seam, "_write_npy", failing)
+    result = invoke("dump", "-", "--model", str(llama_dir), "--long", "-o", str(folder),
+                    input=long_text)
+    code = {"KeyboardInterrupt": 130, "Terminated": 143}.get(stop)
+    if code is None:
+        assert isinstance(result.exception, OSError)  # not ours: re-raised, never hidden
+    else:
+        assert result.exit_code == code, result.output
+    assert len(calls) == 4
+    if files is None:
+        assert not folder.exists()
+        return
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == files
+    monkeypatch.setattr(seam, "_write_npy", write)
+    _ok(invoke("top-k", "--from", str(folder), "-l", "-1", "--head", "0", "-k", "1"))
+
+
+def test_an_incomplete_long_capture_is_named_as_such(invoke: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "sg"
+    folder.mkdir()
+    for name in ("q_000.npy", "k_000.npy", "lse_000.npy"):
+        np.save(folder / name, np.zeros((1, 2)))
+    result = invoke("top-k", "--from", str(folder), "-l", "0", "--head", "0")
+    assert result.exit_code == 1, result.output
+    output = " ".join(result.stderr.split())
+    assert "long.json is missing: an interrupted dump --long?" in output
+    assert "dump it again" in output and "capture.json" not in output
+    assert "Traceback" not in result.output
+
+
+def test_dump_from_a_long_capture_replaces_the_folder_and_cleans_a_killed_dump(
+        invoke: Any, llama_dir: Path, long_text: str, tmp_path: Path) -> None:
+    """dump --from a long capture goes the same way; a killed dump's staging folder (its
+    process gone) is removed, a live one's and look-alikes are not."""
+    import subprocess
+
+    source, folder = tmp_path / "src", tmp_path / "d"
+    _ok(invoke("dump", "-", "--model", str(llama_dir), "--long", "--layers", "0", "-o",
+               str(source), input=long_text))
+    _ok(invoke("dump", "good morning sun", "--model", str(llama_dir), "-o", str(folder)))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    killed = folder / f".attnviz-dump.{gone}.0123abcd.tmp"
+    killed.mkdir()
+    (killed / "q_000.npy").write_text("half")
+    live = folder / f".attnviz-dump.{os.getpid()}.89abcdef.tmp"
+    live.mkdir()
+    (folder / ".attnviz-dump.notes.tmp").mkdir()
+    _ok(invoke("dump", "--from", str(source), "-o", str(folder)))
+    assert _names(folder) == sorted([".attnviz-dump.notes.tmp", live.name, "k_000.npy",
+                                     "long.json", "lse_000.npy", "q_000.npy"])
+    for name in ("q_000.npy", "k_000.npy", "lse_000.npy", "long.json"):
+        assert (folder / name).read_bytes() == (source / name).read_bytes()

@@ -381,9 +381,17 @@ def dump(
     lse_000.npy) and its sidecar long.json; heatmap, top-k and heads read it back with --from.
 
       cat book.txt | attnviz dump - --model ./llama --long --long-dtype bfloat16 -o book/
+
+    A folder holds one capture: once a dump into it is complete, the files of an earlier
+    capture there (attention.npy, capture.json, long.json, q_/k_/lse_LLL.npy) are removed and
+    nothing else is. An interrupted or failed dump leaves the folder as it was.
     """
     check_output(out, folder=True)
     request = options.request(layers=layers, heads=heads, long_path=True)
+    if out.exists() and not out.is_dir() and out.suffix.lower() != ".npy":  # before any work
+        raise UsageError(f"-o {out}: a file with that name exists and is not a capture; -o "
+                         "names a folder (attention.npy and capture.json go in it) or a "
+                         "NAME.npy file", "choose another folder for -o")
     if out.suffix.lower() in _NOT_A_CAPTURE and not out.exists():
         raise UsageError(f"-o {out}: a capture is written as a folder (attention.npy and "
                          f"capture.json) or as NAME.npy beside NAME.json, not as "

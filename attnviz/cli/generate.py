@@ -120,6 +120,21 @@ def _check_shown(model: str, layer: int, head: int | str | None, layers: str | N
                                  f"add it to --{what}s, or pick {option} from {selection}")
 
 
+def _check_out_beside_dump(out: Path | None, dump: Path | None) -> None:
+    """Refuse ``-o`` naming the ``--dump`` folder or a path inside it, before the model
+    loads (else the rows are written first and the table's write fails or lands in them)."""
+    if out is None or dump is None:
+        return
+    from attnviz.errors import UsageError
+
+    folder = os.path.normcase(os.path.realpath(dump))
+    target = os.path.normcase(os.path.realpath(out))
+    if target == folder or target.startswith(folder.rstrip(os.sep) + os.sep):
+        where = "names" if target == folder else "is inside"
+        raise UsageError(f"-o {out} {where} the --dump folder {dump}: the table and the "
+                         "saved rows would collide", "give -o a file outside the --dump folder")
+
+
 @app.command("generate")
 @handle_errors
 def generate_command(
@@ -197,6 +212,7 @@ def generate_command(
         raise UsageError(f"--dump {dump}: a file with that name exists; --dump names a folder "
                          "(rows.npy and generation.json go in it)",
                          "choose another folder for --dump")
+    _check_out_beside_dump(out, dump)
     use_server(None)  # generation runs in this process, whatever an earlier command used
     if os.environ.get("ATTNVIZ_SERVER", "").strip():
         warn("generate runs the model here: $ATTNVIZ_SERVER is not used (a served causal "

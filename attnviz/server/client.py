@@ -566,9 +566,11 @@ class RemoteSession(Session):
         return write_capture(capture, path, float16=float16), capture
 
     # ------------------------------------------------------------------ long inputs
-    def wants_long(self, request: CaptureRequest, text: str, pair: str | None) -> bool:
+    def wants_long(self, request: CaptureRequest, text: str, pair: str | None, *,
+                   dumping: bool = False) -> bool:
         """Whether the long path answers: ``request.long``, else the server's own decision
-        (from the size of a full capture there, ``/api/long/plan``)."""
+        (from the size of a full capture there, ``/api/long/plan``; ``dumping`` changes
+        nothing: a long capture is not dumped through a server)."""
         if request.long is not None:
             return request.long
         spec = self._spec(request.model)
