@@ -218,7 +218,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
     # ------------------------------------------------------------------ bad outputs
     ("output inside a file", ["heatmap", "hi", *TOY, "-o", "{A}/inputs/blank.txt/x.png"], 1,
      "is a file"),
-    ("dump onto a file", ["dump", "hi", *TOY, "-o", "{A}/inputs/blank.txt"], 1, "cannot"),
+    ("dump onto a file", ["dump", "hi", *TOY, "-o", "{A}/inputs/blank.txt"], 2,
+     "exists and is not a capture"),
     ("image onto a folder", ["heatmap", "hi", *TOY, "-o", "{A}/dumps"], 2, "it is a folder"),
 ]
 
