@@ -3,8 +3,8 @@
 A folder holds one capture at a time: a full capture (``attention.npy`` + ``capture.json``) or
 a long one (``q_LLL.npy``, ``k_LLL.npy``, ``lse_LLL.npy`` per layer + ``long.json``). Once a dump
 into a folder is complete, :func:`remove_other_captures` removes the files of any other capture
-attnviz wrote there, so ``--from DIR`` reads exactly what was dumped last; nothing else in the
-folder is ever touched.
+attnviz wrote there (one whose sidecar is attnviz's), so ``--from DIR`` reads exactly what was
+dumped last; nothing else in the folder is ever touched.
 
 :class:`StagedDump` writes a long capture into a hidden folder inside the destination and moves
 the files into place only when every one of them is written, with Ctrl-C and SIGTERM held off
@@ -68,19 +68,53 @@ def check_not_incomplete_long(folder: Path) -> None:
     """
     if not folder.is_dir() or (folder / LONG_SIDECAR).exists():
         return
-    if any(is_long_array(name) for name in list_folder(folder)):
+    if any(is_long_array(name) for name in list_folder(folder, folder)):
         raise DumpError(f"{folder} holds an incomplete long capture: {LONG_SIDECAR} is "
                         "missing: an interrupted dump --long?", "dump it again")
 
 
-def remove_other_captures(folder: Path, keep: Iterable[str]) -> list[str]:
-    """Remove the capture files of attnviz in ``folder`` that are not in ``keep`` (the files
-    of the capture just written), sidecars first; never a link's target, never anything
-    else. Signals are held off while it runs. Returns the names removed."""
+#: The ``format`` of each sidecar attnviz writes (a file of that name without it is not ours).
+_FORMATS = {"capture.json": "attnviz-capture", LONG_SIDECAR: "attnviz-long-capture"}
+
+
+def _ours(path: Path) -> bool:
+    """Whether ``path`` is a sidecar attnviz wrote: a JSON object whose ``format`` is ours."""
+    import json
+
+    try:
+        if path.is_symlink() or not path.is_file():
+            return False
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("format") == _FORMATS.get(path.name)
+
+
+def owned_capture_files(folder: Path) -> list[str]:
+    """The files of the captures attnviz wrote in ``folder``, sidecars first: a capture's
+    files count only when its sidecar is there and is attnviz's (a user's ``q_001.npy`` or
+    ``long.json`` of their own is never counted)."""
+    names = list_folder(folder, folder)  # the folder as the user named it (".", a link)
+    owned: list[str] = []
+    if "capture.json" in names and _ours(folder / "capture.json"):
+        owned += [name for name in FULL_FILES if name in names]
+    if LONG_SIDECAR in names and _ours(folder / LONG_SIDECAR):
+        owned += [LONG_SIDECAR] + [name for name in names if is_long_array(name)]
+    return capture_files(owned)
+
+
+def remove_other_captures(folder: Path, keep: Iterable[str],
+                          owned: Iterable[str] | None = None) -> list[str]:
+    """Remove the capture files attnviz wrote in ``folder`` (``owned``, by default
+    :func:`owned_capture_files` now) that are not in ``keep`` (the files of the capture just
+    written), sidecars first; never a link's target, never anything else. Signals are held
+    off while it runs. Returns the names removed."""
     kept = set(keep)
     removed: list[str] = []
     with signals_held():
-        for name in capture_files(list_folder(folder)):
+        names = owned_capture_files(folder) if owned is None else capture_files(owned)
+        for name in names:
             if name not in kept and remove_file(folder / name, folder):
                 removed.append(name)
     return removed
@@ -134,15 +168,17 @@ class StagedDump:
                 raise OutputError(f"cannot write {self.folder / name}: it is a folder",
                                   "remove it, or choose another folder with -o")
         with signals_held():
+            owned = owned_capture_files(self.folder)  # the earlier capture, if attnviz's
             for old in _SIDECARS:  # no sidecar describes the folder while files move
-                remove_file(self.folder / old, self.folder)
+                if old in owned:
+                    remove_file(self.folder / old, self.folder)
             for name in names:  # a link in the way is replaced, never followed
                 try:
                     os.replace(self.path / name, self.folder / name)
                 except OSError as exc:
                     raise OutputError(f"cannot write {self.folder / name}: "
                                       f"{exc.strerror or exc}") from None
-            remove_other_captures(self.folder, names)
+            remove_other_captures(self.folder, names, owned)
             os.rmdir(self.path)
             self._done = True
         return names
@@ -153,7 +189,7 @@ def _remove_stale_staging(folder: Path) -> None:
     only ours (the name), only real folders (not links), only of processes that are gone."""
     from attnviz.fileio import _pid_alive
 
-    for name in list_folder(folder):
+    for name in list_folder(folder, folder):
         match = _STAGING.match(name)
         if match is None or _pid_alive(int(match.group("pid"))):
             continue

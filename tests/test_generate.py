@@ -530,3 +530,23 @@ def test_serve_streams_generated_tokens(lm_dirs: dict[str, Path], session: Sessi
         assert first["step"] == 0
     again = client.post("/api/generate", json={"text": PROMPT, "max_new_tokens": 2})
     assert again.status_code == 200 and len(again.text.splitlines()) == 3
+
+
+def test_byte_level_pieces_are_marked_but_newlines_and_the_word_after_are_not() -> None:
+    """BPE names: a piece has no word-start marker and joins letters; a newline ("Ċ") and the
+    word after it (no marker either) are words of their own."""
+    from types import SimpleNamespace
+
+    from attnviz.long.generate import _labels
+
+    names = ["the", "\u0120mat", "\u010a", "the", "\u0120un", "bel", "iev", "\u0120dog", "."]
+    shown = ["the", "mat", "\\n", "the", "un", "bel", "iev", "dog", "."]
+    vocab = {name: i for i, name in enumerate(names)}
+    tokenizer = SimpleNamespace(
+        convert_ids_to_tokens=lambda ids: [names[i] for i in ids], get_vocab=lambda: vocab,
+        backend_tokenizer=SimpleNamespace(model=SimpleNamespace()))
+    source = SimpleNamespace(tokenizer=tokenizer, special_ids=lambda: set(),
+                             display_of=lambda tokens, special: [shown[names.index(t)]
+                                                                 for t in tokens])
+    assert _labels(source, list(range(len(names)))) == [  # type: ignore[arg-type]
+        "the", "mat", "\\n", "the", "un", "\u00b7bel", "\u00b7iev", "dog", "."]

@@ -602,3 +602,15 @@ def test_an_interrupted_full_dump_leaves_the_folder_as_it_was(invoke, tmp_path: 
         assert not folder.exists()
     else:
         assert {p.name: p.read_bytes() for p in folder.iterdir()} == files
+
+
+def test_rollout_npy_is_checked_before_any_work(invoke, tmp_path: Path) -> None:
+    """--npy naming a folder or a stream is refused before the figures are written."""
+    (tmp_path / "dir.npy").mkdir()
+    (tmp_path / "so.npy").symlink_to("/proc/self/fd/1")
+    for npy, fragment in (("dir.npy", "it is a folder"), ("so.npy", "not a regular file")):
+        out = tmp_path / f"r-{npy}.png"
+        output = " ".join(_clean(invoke("rollout", "a b", *TOY, "--npy", tmp_path / npy,
+                                        "-o", out), 2).split())
+        assert f"--npy {tmp_path / npy}" in output and fragment in output
+        assert not out.exists()

@@ -652,6 +652,45 @@ def test_a_dump_replaces_the_capture_already_in_its_folder(
     _same_topk(from_dump, _topk(invoke, llama_dir, long_text, "--no-long", *long_flags))
 
 
+@pytest.mark.parametrize("where", [".", "link"])
+def test_a_dump_into_the_current_folder_or_a_linked_one_replaces_the_capture_there(
+        invoke: Any, llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        where: str) -> None:
+    """``-o .`` and ``-o LINK`` (a link to a folder, as the user named it) are the folder."""
+    real = tmp_path / "real"
+    real.mkdir()
+    if where == ".":
+        monkeypatch.chdir(real)
+        out = "."
+    else:
+        (tmp_path / "link").symlink_to(real)
+        out = str(tmp_path / "link")
+    _ok(invoke("dump", "the cat sat on a mat", "--model", str(llama_dir), "--long",
+               "--no-cache", "-o", out))
+    assert "long.json" in _names(real)
+    _ok(invoke("dump", "dogs ran far", "--model", str(llama_dir), "--no-long", "--no-cache",
+               "-o", out))
+    assert _names(real) == ["attention.npy", "capture.json"]
+    _ok(invoke("dump", "the cat sat on a mat", "--model", str(llama_dir), "--long",
+               "--no-cache", "-o", out))
+    assert "attention.npy" not in _names(real) and "long.json" in _names(real)
+
+
+def test_files_that_only_look_like_a_capture_are_never_removed(
+        invoke: Any, llama_dir: Path, tmp_path: Path) -> None:
+    """A user's q_001.npy or long.json (not attnviz's: no sidecar of ours) stays."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    np.save(folder / "q_001.npy", np.zeros(3))
+    np.save(folder / "k_010.npy", np.zeros(3))
+    (folder / "long.json").write_text('{"mine": 1}')
+    _ok(invoke("dump", "dogs ran far", "--model", str(llama_dir), "--no-long", "--no-cache",
+               "-o", str(folder)))
+    assert _names(folder) == ["attention.npy", "capture.json", "k_010.npy", "long.json",
+                              "q_001.npy"]
+    assert (folder / "long.json").read_text() == '{"mine": 1}'
+
+
 @pytest.mark.parametrize("stop", ["KeyboardInterrupt", "Terminated", "OSError"])
 @pytest.mark.parametrize("before", ["nothing", "full", "long"])
 def test_a_failed_long_dump_leaves_the_folder_as_it_was(

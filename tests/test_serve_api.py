@@ -351,6 +351,7 @@ def test_wrong_host_is_refused(client: TestClient) -> None:
     assert client.get("/", headers={"host": "localhost:8000"}).status_code == 200
     assert client.get("/", headers={"host": "[::1]:8000"}).status_code == 200
     assert client.get("/", headers={"host": "127.0.0.1"}).status_code == 200
+    assert client.get("/", headers={"host": "localhost:"}).status_code == 200  # empty port
     # a header that only starts like an allowed name is not that name
     for host in ("127.0.0.1:8000@attacker.example", "localhost:x", "[::1]@attacker.example",
                  "127.0.0.1:8000:1", "[::1]:80x"):

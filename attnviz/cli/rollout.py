@@ -31,6 +31,7 @@ from attnviz.cli._common import (
     warn,
 )
 from attnviz.errors import UsageError
+from attnviz.fileio import check_output
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
@@ -153,6 +154,7 @@ def rollout_command(
     check_image_path(bar, "--bar")
     if npy is not None and npy.suffix.lower() != ".npy":
         raise UsageError(f"--npy {npy} must end in .npy")
+    check_output(npy, "--npy")
     check_distinct_outputs(out=out, bar=bar)  # before any work; the defaults again below
     from attnviz.analysis.flow import flow_view
     from attnviz.analysis.rollout import RESIDUAL_INSIDE, rollout_view, save_matrix

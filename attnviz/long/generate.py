@@ -632,8 +632,11 @@ def _labels(source: HFSource, ids: list[int]) -> list[str]:
             continue
         if kind == "WordPiece":
             piece = name.startswith(prefix)
-        else:
-            piece = bool(markers) and not name.startswith(markers) and name[:1].isalnum()
+        else:  # letters after letters, as shown (a newline "Ċ" shows as the escape "\\n")
+            before = shown[i - 1]
+            piece = (bool(markers) and not name.startswith(markers)
+                     and shown[i][:1].isalnum() and before[-1:].isalnum()
+                     and not before.startswith("\\"))
         if piece:
             shown[i] = CONTINUATION_MARK + shown[i]
     return shown

@@ -213,11 +213,12 @@ def _host_name(host: str) -> str:
     if host.startswith("["):  # [::1]:8000
         end = host.find("]")
         rest = host[end + 1:] if end > 0 else ""
-        if end > 0 and (not rest or (rest[0] == ":" and rest[1:].isdigit())):
+        if end > 0 and (not rest or (rest[0] == ":" and (rest[1:].isdigit()
+                                                          or not rest[1:]))):
             return host[1:end]
         return host
     name, colon, port = host.partition(":")
-    if colon and not (port.isdigit() and port.isascii()):
+    if colon and port and not (port.isdigit() and port.isascii()):  # "name:" is allowed
         return host
     return name
 
