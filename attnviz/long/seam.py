@@ -42,6 +42,7 @@ from attnviz.long.record import (
     to_storage,
     write_sidecar,
 )
+from attnviz.models._torch import attention_configs
 
 _PREFIX = "attnviz-long-"
 _ACTIVE: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar(
@@ -246,27 +247,12 @@ def _base_implementation(hf_model: Any) -> str:
     return current
 
 
-def _configs(model: Any) -> list[Any]:
-    """Every configuration object the model's attention code may read (no duplicates)."""
-    found: dict[int, Any] = {}
-    pending = [getattr(model, "config", None)]
-    pending += [getattr(module, "config", None) for module in model.modules()]
-    while pending:
-        config = pending.pop()
-        if config is None or id(config) in found or not hasattr(config, "_attn_implementation"):
-            continue
-        found[id(config)] = config
-        for key in getattr(config, "sub_configs", None) or ():
-            pending.append(getattr(config, key, None))
-    return list(found.values())
-
-
 @contextlib.contextmanager
 def _routed(model: Any, name: str) -> Iterator[None]:
     """Point every configuration of ``model`` at the attention function ``name``; restore
     them in ``finally``."""
     missing = object()
-    configs = _configs(model)
+    configs = attention_configs(model)
     saved = [(config, config.__dict__.get("_attn_implementation_internal", missing))
              for config in configs]
     try:

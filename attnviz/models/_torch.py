@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attnviz.errors import DeviceError, UsageError
 
@@ -79,3 +79,22 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     import torch
 
     return tensor.detach().to(device="cpu", dtype=torch.float32).numpy()
+
+
+def attention_configs(model: Any) -> list[Any]:
+    """Every configuration object the model's attention code may read (no duplicates): the
+    model's, its modules' and their sub-configurations, each holding ``_attn_implementation``.
+    """
+    found: dict[int, Any] = {}
+    pending = [getattr(model, "config", None)]
+    modules = getattr(model, "modules", None)
+    if callable(modules):
+        pending += [getattr(module, "config", None) for module in modules()]
+    while pending:
+        config = pending.pop()
+        if config is None or id(config) in found or not hasattr(config, "_attn_implementation"):
+            continue
+        found[id(config)] = config
+        for key in getattr(config, "sub_configs", None) or ():
+            pending.append(getattr(config, key, None))
+    return list(found.values())

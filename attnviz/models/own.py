@@ -26,6 +26,7 @@ from typing import Any
 
 from attnviz.capture import Capture
 from attnviz.errors import ModelLoadError, UsageError
+from attnviz.models._torch import attention_configs
 from attnviz.models.hf import HFSource
 
 EAGER = "eager"
@@ -43,23 +44,6 @@ def _lock_for(model: Any) -> threading.Lock:
         if lock is None:
             lock = _LOCKS[model] = threading.Lock()
         return lock
-
-
-def _configs(model: Any) -> list[Any]:
-    """Every configuration object the model's attention code may read (no duplicates)."""
-    found: dict[int, Any] = {}
-    pending = [getattr(model, "config", None)]
-    modules = getattr(model, "modules", None)
-    if callable(modules):
-        pending += [getattr(module, "config", None) for module in modules()]
-    while pending:
-        config = pending.pop()
-        if config is None or id(config) in found or not hasattr(config, "_attn_implementation"):
-            continue
-        found[id(config)] = config
-        for key in getattr(config, "sub_configs", None) or ():
-            pending.append(getattr(config, key, None))
-    return list(found.values())
 
 
 def attention_implementation(model: Any) -> str | None:
@@ -82,7 +66,7 @@ def eager_attention(model: Any) -> Iterator[str | None]:
         ModelLoadError: the model runs with a fused kernel and refuses to switch.
     """
     before = attention_implementation(model)
-    configs = _configs(model)
+    configs = attention_configs(model)
     saved = [(config, config.__dict__.get("_attn_implementation_internal", _MISSING))
              for config in configs]
     if all(getattr(config, "_attn_implementation", EAGER) in (EAGER, None)
