@@ -447,50 +447,38 @@ def export(
             request = dataclasses.replace(request, long=True)
     if request.long is None and ray is None and _long_applies(plan, dump_list):
         request = _long_if_too_big(request, text_list, input_file)
-    if request.long:  # long inputs: atlas figures, top-k and statistics per text
-        if ray is not None:
-            raise UsageError("--long exports run here, text by text",
-                             "leave out --engine ray with --long")
-        from attnviz.export.long import export_long
-
-        if text_list or input_file is not None:
-            session().check(request)
-        lines = read_input(input_file) if input_file is not None else None
-        shown = _progress(None)
-        shown.start(None)
-        try:
-            summary = export_long(_items(text_list, dump_list, lines), out, plan,
-                                  request=request, session=session(), progress=shown)
-        finally:
-            stop = getattr(shown, "stop", None)
-            if stop is not None:
-                stop()
-        _report(summary)
-        if summary.failed:
-            raise typer.Exit(1)
-        return
+    if request.long and ray is not None:
+        raise UsageError("--long exports run here, text by text",
+                         "leave out --engine ray with --long")
     if text_list or input_file is not None:  # texts run the model: check it first, from its
         # config, so --layers 9 on a 6-layer model fails before the weights load
         session().check(request)
     lines = read_input(input_file) if input_file is not None else None  # opens it now
-    counted = _count_texts(input_file) if input_file is not None else 0
-    total = None if counted is None else len(text_list) + len(dump_list) + counted
+    total: int | None = None  # a long export counts nothing ahead
+    if not request.long:
+        counted = _count_texts(input_file) if input_file is not None else 0
+        total = None if counted is None else len(text_list) + len(dump_list) + counted
     progress = _progress(total)
     progress.start(total)
+    items = _items(text_list, dump_list, lines)
     try:
-        if ray is not None:
+        if request.long:  # long inputs: atlas figures, top-k and statistics per text
+            from attnviz.export.long import export_long
+
+            summary = export_long(items, out, plan, request=request, session=session(),
+                                  progress=progress)
+        elif ray is not None:
             from attnviz.engine.ray_export import export_items_ray
 
-            summary = export_items_ray(_items(text_list, dump_list, lines), out, plan,
-                                       spec=request.spec, ray=ray,
+            summary = export_items_ray(items, out, plan, spec=request.spec, ray=ray,
                                        max_tokens=request.max_tokens, truncate=request.truncate,
                                        use_cache=request.use_cache, progress=progress,
                                        note=progress.note)
         else:
-            summary = export_items(_items(text_list, dump_list, lines), out, plan,
-                                   spec=request.spec, max_tokens=request.max_tokens,
-                                   truncate=request.truncate, use_cache=request.use_cache,
-                                   progress=progress, session=session())
+            summary = export_items(items, out, plan, spec=request.spec,
+                                   max_tokens=request.max_tokens, truncate=request.truncate,
+                                   use_cache=request.use_cache, progress=progress,
+                                   session=session())
     finally:
         stop = getattr(progress, "stop", None)
         if stop is not None:
