@@ -19,7 +19,6 @@ keys live in a folder of their own, or in memory).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -66,18 +65,12 @@ def max_full_bytes() -> int:
     Raises:
         UsageError: the variable is not a number of megabytes above 0.
     """
-    raw = os.environ.get(ENV_MAX_FULL_MB, "").strip()
-    if raw:
-        try:
-            megabytes = float(raw)
-        except ValueError:
-            megabytes = float("nan")
-        if not 0 < megabytes <= _MAX_FULL_MB_CEILING:  # also false for NaN
-            raise UsageError(f"{ENV_MAX_FULL_MB}={raw!r:.40} is not a size: give megabytes "
-                             f"above 0, up to {_MAX_FULL_MB_CEILING}",
-                             f"for example: export {ENV_MAX_FULL_MB}=4096, or unset it for "
-                             "a quarter of the free memory")
-        return max(1, int(megabytes * (1 << 20)))
+    from attnviz.request import megabytes_from_env
+
+    given = megabytes_from_env(ENV_MAX_FULL_MB, _MAX_FULL_MB_CEILING, 4096,
+                               "a quarter of the free memory")
+    if given is not None:
+        return given
     try:
         import psutil
     except ImportError:  # pragma: no cover - psutil comes with accelerate

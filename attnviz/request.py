@@ -166,25 +166,37 @@ class CaptureRequest:
 
 # --------------------------------------------------------------------------- text
 # --------------------------------------------------------------------------- standard input
+def megabytes_from_env(name: str, ceiling: int, example: int, unset: str) -> int | None:
+    """Bytes the variable ``name`` gives in megabytes (above 0, at most ``ceiling``), or
+    ``None`` when it is unset or blank; the hint shows ``example`` and says what leaving it
+    unset means (``unset``).
+
+    Raises:
+        UsageError: the variable is not such a number (NaN, text, 0, past the ceiling).
+    """
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        megabytes = float(raw)
+    except ValueError:
+        megabytes = float("nan")
+    if not 0 < megabytes <= ceiling:  # also false for NaN
+        raise UsageError(f"{name}={raw!r:.40} is not a size: give megabytes above 0, up to "
+                         f"{ceiling}",
+                         f"for example: export {name}={example}, or unset it for {unset}")
+    return max(1, int(megabytes * 1024 * 1024))
+
+
 def max_input_bytes() -> int:
     """The most bytes one text may have on standard input: ``$ATTNVIZ_MAX_INPUT_MB`` (16 MB).
 
     Raises:
         UsageError: the variable is not a number of megabytes above 0.
     """
-    raw = os.environ.get(ENV_MAX_INPUT_MB, "").strip()
-    if not raw:
-        return DEFAULT_MAX_INPUT_MB * 1024 * 1024
-    try:
-        megabytes = float(raw)
-    except ValueError:
-        megabytes = float("nan")
-    if not 0 < megabytes <= _MAX_INPUT_MB_CEILING:  # also false for NaN
-        raise UsageError(f"{ENV_MAX_INPUT_MB}={raw!r} is not a size: give megabytes above 0, "
-                         f"up to {_MAX_INPUT_MB_CEILING}",
-                         f"for example: export {ENV_MAX_INPUT_MB}=64, or unset it for the "
-                         f"default of {DEFAULT_MAX_INPUT_MB}")
-    return max(1, int(megabytes * 1024 * 1024))
+    given = megabytes_from_env(ENV_MAX_INPUT_MB, _MAX_INPUT_MB_CEILING, 64,
+                               f"the default of {DEFAULT_MAX_INPUT_MB}")
+    return DEFAULT_MAX_INPUT_MB * 1024 * 1024 if given is None else given
 
 
 def read_limited(stream: Any, what: str = "standard input") -> bytes | str:
