@@ -80,7 +80,7 @@ def capture_batches(spec: ModelSpec, texts: Sequence[CorpusText], *,
                                                     layers, heads, max_tokens, truncate,
                                                     measure)):
                 results[i] = result
-                if use_cache and write and isinstance(result, Capture):
+                if use_cache and write and not isinstance(result, InputError):
                     _keep(spec, chunk[i], result, layers, heads, max_tokens, truncate, warn,
                           measure)
         yield from (result for result in results if result is not None)

@@ -28,6 +28,13 @@ from attnviz.capture_build import (  # noqa: F401  (guess_word_ids re-exported)
     measure_label,
     model_label,
 )
+from attnviz.capture_checks import (  # noqa: F401  (format_indices re-exported)
+    SINK_THRESHOLD,
+    check_head,
+    check_layer,
+    format_indices,
+    sink_fractions,
+)
 from attnviz.capture_files import check_not_incomplete_long
 from attnviz.capture_format import (  # noqa: F401  (re-exported)
     FORMAT_NAME,
@@ -142,29 +149,93 @@ class Capture:
 
     def layer_position(self, layer: int) -> int:
         """Position on axis 0 of :attr:`weights` of model layer ``layer`` (negative allowed)."""
-        from attnviz.selection import resolve_index
-
-        absolute = resolve_index(layer, self.num_layers, "layer")
-        if absolute not in self.layers:
-            raise UsageError(
-                f"layer {layer} is not in this capture: it holds layers "
-                f"{format_indices(self.layers)}",
-                "capture again with that layer selected, or pick one of those",
-            )
-        return self.layers.index(absolute)
+        return self.layers.index(self.layer_index(layer))
 
     def head_position(self, head: int) -> int:
         """Position on axis 1 of :attr:`weights` of model head ``head`` (negative allowed)."""
-        from attnviz.selection import resolve_index
+        index = check_head(head, self.num_heads, self.heads)
+        if index is None:
+            raise UsageError("a head position needs a head index, not the mean of the heads")
+        return self.heads.index(index)
 
-        absolute = resolve_index(head, self.num_heads, "head")
-        if absolute not in self.heads:
-            raise UsageError(
-                f"head {head} is not in this capture: it holds heads "
-                f"{format_indices(self.heads)}",
-                "capture again with that head selected, or pick one of those",
-            )
-        return self.heads.index(absolute)
+    # ----------------------------------------------------------------- the record's questions
+    # (attnviz.record.AttentionRecord; answered from the array in attnviz.capture_questions)
+    def layer_index(self, layer: int) -> int:
+        """The model layer of ``layer`` (negative counts from the end), checked held."""
+        return check_layer(layer, self.num_layers, self.layers)
+
+    def head_index(self, head: int | str) -> int | None:
+        """The model head of ``head``, checked held; ``None`` for ``"mean"``."""
+        return check_head(head, self.num_heads, self.heads)
+
+    @property
+    def finest_block(self) -> int:
+        """1: every weight is at hand (the atlas at block 1 is the matrix)."""
+        return 1
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of ``layer``: none is recorded in a materialised capture (its
+        masked weights are zeros in the array)."""
+        self.layer_index(layer)
+        return None
+
+    def tile(self, layer: int, head: int | str, q0: int, q1: int, k0: int, k1: int
+             ) -> np.ndarray:
+        """Exact weights ``A[q0:q1, k0:k1]`` of one head (or ``"mean"``), float32."""
+        import attnviz.capture_questions as capture_questions
+
+        return capture_questions.tile(self, layer, head, q0, q1, k0, k1)
+
+    def rows(self, layer: int, head: int | str, q0: int, q1: int) -> np.ndarray:
+        """Exact weights of queries ``q0..q1`` against every key: ``[q1 - q0, T]``."""
+        return self.tile(layer, head, q0, q1, 0, self.num_tokens)
+
+    def topk(self, layer: int, head: int | str, k: int, q0: int = 0, q1: int | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` keys each query in ``q0..q1`` attends to most, strongest first (ties:
+        the lower key first): ``(indices, values)`` ``[q1 - q0, min(k, T)]`` int64 and
+        float32, ``-1`` and 0 for a key a causal query cannot see."""
+        import attnviz.capture_questions as capture_questions
+
+        return capture_questions.topk(self, layer, head, k, q0, q1)
+
+    def atlas(self, layer: int, head: int | str, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(sums, maxes)`` of ``block``-token blocks of queries and keys, ``[nb, nb]``."""
+        import attnviz.capture_questions as capture_questions
+
+        return capture_questions.atlas(self, layer, head, block)
+
+    def head_stats(self) -> dict[str, np.ndarray]:
+        """Statistic -> ``[layer, head]`` mean over query rows (:mod:`attnviz.analysis.stats`)."""
+        import attnviz.capture_questions as capture_questions
+
+        return capture_questions.head_stats(self)
+
+    def received(self, layer: int, head: int | str) -> np.ndarray:
+        """Attention received by each key, the column sums ``[T]`` float64 (``"mean"``
+        averages them over the held heads)."""
+        import attnviz.capture_questions as capture_questions
+
+        return capture_questions.received(self, layer, head)
+
+    def seen_by(self, layer: int | None = None) -> np.ndarray:
+        """How many queries see each key: ``[T]`` int64."""
+        import attnviz.capture_questions as capture_questions
+
+        return capture_questions.seen_by(self, layer)
+
+    def sinks(self, threshold: float = SINK_THRESHOLD) -> np.ndarray:
+        """Attention sinks (Gu et al., 2024): per token, the share of held (layer, head)
+        pairs whose mean attention to it over the queries that see it exceeds
+        ``threshold``. ``[T]`` float64."""
+        return sink_fractions(self, threshold)
+
+    def dense(self, what: str) -> Capture:
+        """Every held weight at once: the capture itself."""
+        return self
+
+    def close(self) -> None:
+        """Nothing to let go: the weights are an array (or a memory map numpy closes)."""
 
     def matrix(self, layer: int, head: int) -> np.ndarray:
         """The ``[query, key]`` float32 matrix of one model layer and head."""
@@ -396,11 +467,6 @@ class Capture:
         atomic_write(npy_path, lambda handle: np.save(handle, data, allow_pickle=False))
         atomic_write_text(json_path, text)
         return npy_path
-
-
-def format_indices(indices: Sequence[int]) -> str:
-    return ", ".join(str(i) for i in indices) if len(indices) <= 12 else (
-        f"{indices[0]}..{indices[-1]} ({len(indices)} in all)")
 
 
 def load_capture(path: Path | str, *, mmap: bool = False) -> Capture:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from attnviz.capture import Capture
     from attnviz.long import LongCapture
     from attnviz.models import AttentionSource, ModelShape, ModelSpec
+    from attnviz.record import AttentionRecord
     from attnviz.request import CaptureRequest
 
 _T = TypeVar("_T")
@@ -368,45 +369,28 @@ class LongPath:
             from attnviz.selection import parse_selection
 
             wanted = parse_selection(request.layers, cap.num_layers, "layer")
-            missing = [layer for layer in wanted if layer not in cap.layers]
-            if missing:
-                raise UsageError(f"layer {missing[0]} is not in this long capture (it holds "
-                                 f"layers {', '.join(map(str, cap.layers))})",
-                                 "choose one of those layers")
+            for layer in wanted:
+                cap.layer_index(layer)
         LongPath._check_indices(cap, request)
         return cap
 
     @staticmethod
-    def _check_indices(cap: Capture | LongCapture, request: CaptureRequest) -> None:
-        """Check the request's ``layer`` and ``head`` against a long capture (a full one
-        checks its own)."""
-        from attnviz.capture import Capture
-
-        if isinstance(cap, Capture):
-            return
+    def _check_indices(cap: AttentionRecord, request: CaptureRequest) -> None:
+        """Check the request's ``layer`` and ``head`` against the record that answers it."""
         if request.layer is not None:
-            long_layer(cap, request.layer)
+            cap.layer_index(request.layer)
         if request.head is not None:
-            from attnviz.selection import resolve_index
-
-            resolve_index(request.head, cap.num_heads, "head")
+            cap.head_index(request.head)
 
 
-def long_layer(cap: LongCapture, layer: int) -> int:
+def long_layer(cap: AttentionRecord, layer: int) -> int:
     """The model's layer index of ``layer`` (negative counts from the end), checked against
-    the layers the long capture holds.
+    the layers the record holds (:meth:`~attnviz.record.AttentionRecord.layer_index`).
 
     Raises:
         UsageError: out of range, or a layer the capture does not hold.
     """
-    from attnviz.selection import resolve_index
-
-    index = resolve_index(layer, cap.num_layers, "layer")
-    if index not in cap.layers:
-        raise UsageError(f"layer {index} is not in this long capture (it holds layers "
-                         f"{', '.join(map(str, cap.layers))})",
-                         "choose one of those layers, or capture again with --layers")
-    return index
+    return cap.layer_index(layer)
 
 
 def refuse_measure(measure: str | None, folder: Path | str) -> None:

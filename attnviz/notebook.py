@@ -37,7 +37,7 @@ import re
 import sys
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anywidget
 import traitlets
@@ -157,13 +157,24 @@ def _check_size(capture: Capture, limit: int, what: str) -> None:
             "tokens with max_tokens=")
 
 
-def _check_capture(capture: Any) -> None:
-    from attnviz.capture import Capture
+def _as_capture(capture: Any) -> Capture:
+    """Every weight of the record to show (:meth:`~attnviz.record.AttentionRecord.dense`: a
+    full capture as it is, a long one gathered when it is small enough).
 
-    if not isinstance(capture, Capture):
+    Raises:
+        UsageError: not an attention record, or one too large to gather.
+    """
+    dense = getattr(capture, "dense", None)  # the record's question surface, any storage
+    if not callable(dense):
         raise UsageError(f"attnviz.show needs a Capture, not {type(capture).__name__}",
                          "make one with attnviz.capture_text(text), attnviz.capture(model, "
                          "tokenizer, text), Capture.from_attentions(...) or load_capture(path)")
+    try:
+        return cast("Capture", dense("attnviz.show"))
+    except UsageError as error:
+        raise UsageError(error.message, "show it zoomable: from attnviz.notebook_long import "
+                         "show_long; show_long(capture)"
+                         ) from None
 
 
 def _index(value: Any, what: str) -> int:
@@ -241,7 +252,6 @@ def _checked_view(capture: Any, precision: Any, view: str, layer: int | None, he
                   heads: Sequence[int] | str | int | None, scale: Any = None, gamma: Any = None,
                   vmax: Any = None) -> dict[str, Any]:
     """Check what an inline view is asked to show; its initial selection and colour scale."""
-    _check_capture(capture)
     _check_precision(precision)
     _check_size(capture, MAX_VIEW_WEIGHTS, "an inline view")
     return _selection(capture, view, layer, head, heads) | _colour_scale(scale, gamma, vmax)
@@ -379,6 +389,7 @@ def static_html(capture: Capture, *, view: str = "head", layer: int | None = Non
     """
     from attnviz.render.html import report_data
 
+    capture = _as_capture(capture)
     selection = _checked_view(capture, precision, view, layer, head, heads, scale, gamma, vmax)
     data = report_data([capture], title=title, precision=precision, words=words,
                        exclude_special=exclude_special, selection=selection)
@@ -452,6 +463,7 @@ class AttentionView(anywidget.AnyWidget):
                  gamma: float | None = None, vmax: str | float | None = None) -> None:
         from attnviz.render.html import report_data
 
+        capture = _as_capture(capture)
         selection = _checked_view(capture, precision, view, layer, head, heads, scale, gamma,
                                   vmax)
         self._capture = capture

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from attnviz.long.generate import Generation, Step
     from attnviz.models import AttentionSource, ModelShape, ModelSpec
     from attnviz.models.hf import HFSource
+    from attnviz.record import AttentionRecord
     from attnviz.request import CaptureRequest
 
 Warn = Callable[[str], None]
@@ -374,7 +375,7 @@ class Session(LongPath):
                 raise UsageError(f"--start-layer: {error.message}", error.hint) from None
 
     @_for_callers
-    def run(self, request: CaptureRequest) -> Capture | LongCapture:
+    def run(self, request: CaptureRequest) -> AttentionRecord:
         """Answer one request (:mod:`attnviz.request`): the capture a command works on.
 
         Checks the request against the model's config (:meth:`check`), reads the saved
@@ -387,8 +388,9 @@ class Session(LongPath):
         ``from_path`` that holds one (``attnviz dump --long``).
 
         Returns:
-            The capture, weights ``[layer, head, query, key]``; or a
-            :class:`~attnviz.long.LongCapture`.
+            The record (:class:`~attnviz.record.AttentionRecord`): a full capture, weights
+            ``[layer, head, query, key]``, or a long capture; the caller asks it its
+            questions without asking which.
 
         Raises:
             UsageError: no input, or an index out of range or not in the capture.
@@ -412,21 +414,14 @@ class Session(LongPath):
         return cap
 
     def run_full(self, request: CaptureRequest) -> Capture:
-        """:meth:`run` for the commands that need every weight (``rollout``): always the full
-        capture.
+        """:meth:`run` for the commands that need every weight at once (``rollout``,
+        ``html``): the full capture, or every weight of a saved long capture gathered
+        (:meth:`~attnviz.record.AttentionRecord.dense`).
 
         Raises:
-            UsageError: ``from_path`` holds a long capture.
+            UsageError: ``from_path`` holds a long capture too large to gather.
         """
-        from attnviz.capture import Capture
-
-        cap = self.run(dataclasses.replace(request, long=False))
-        if not isinstance(cap, Capture):
-            raise UsageError(f"{request.from_path} holds a long capture (queries and keys), "
-                             "and this command needs every weight at once",
-                             "use heatmap, top-k or heads on it, or dump the text without "
-                             "--long")
-        return cap
+        return self.run(dataclasses.replace(request, long=False)).dense("this command")
 
     @_for_callers
     def run_each(self, requests: Sequence[CaptureRequest]) -> list[Capture]:

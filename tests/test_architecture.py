@@ -26,7 +26,8 @@ FLOORS: dict[str, int] = {
     "attnviz.csvtext": 0, "attnviz.checks": 0,
     "attnviz.fileio": 1,
     "attnviz.capture": 2, "attnviz.capture_format": 2, "attnviz.capture_build": 2,
-    "attnviz.capture_files": 2,
+    "attnviz.capture_files": 2, "attnviz.capture_checks": 2, "attnviz.capture_questions": 2,
+    "attnviz.capture_stats": 2, "attnviz.record": 2,
     "attnviz.models": 3, "attnviz.analysis": 3, "attnviz.measures": 3, "attnviz.long": 3,
     "attnviz.render": 4,
     "attnviz.cache": 5, "attnviz.stream": 5, "attnviz.request": 5, "attnviz.batches": 5,
@@ -206,3 +207,151 @@ def test_long_module_exceptions_are_still_needed() -> None:
         assert reason.strip(), f"{name}: give the reason for the exception"
         assert len(path.read_text(encoding="utf-8").splitlines()) > MAX_LINES, (
             f"{name} is back under {MAX_LINES} lines: remove its exception")
+
+
+# --------------------------------------------------------------------------- one record
+# The record's own room: the question surface (attnviz.record), the storages that answer it
+# and their helpers. Nowhere else may code ask which storage it holds (docs/architecture.md,
+# "One record, many storages").
+RECORD_ROOM = ("attnviz.record", "attnviz.capture", "attnviz.capture_checks",
+               "attnviz.capture_questions", "attnviz.capture_stats", "attnviz.long.record",
+               "attnviz.server.long_client")
+STORAGE_CLASSES = {"Capture", "LongCapture", "RemoteLongCapture"}
+# Attributes one storage has and another lacks: probing them tells the kinds apart.
+STORAGE_ATTRIBUTES = {"weights", "folder", "summarise", "_summary", "num_kv_heads", "scales",
+                      "windows", "_arrays", "_session", "part_values"}
+
+
+def _names(node: ast.AST) -> Iterator[str]:
+    """Class names an isinstance/issubclass second argument or a ``type(x) is`` side names."""
+    if isinstance(node, ast.Tuple):
+        for element in node.elts:
+            yield from _names(element)
+    elif isinstance(node, ast.Name):
+        yield node.id
+    elif isinstance(node, ast.Attribute):
+        yield node.attr
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        yield node.value  # type(x).__name__ == "LongCapture"
+    elif isinstance(node, ast.BinOp):  # Capture | LongCapture
+        yield from _names(node.left)
+        yield from _names(node.right)
+
+
+def _is_type_call(node: ast.AST) -> bool:
+    while isinstance(node, ast.Attribute):  # type(x).__name__
+        node = node.value
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+        node.func.id == "type"
+
+
+def storage_sniffing(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Where code branches on the storage kind: ``isinstance``/``issubclass`` against a
+    storage class (or a name imported as one), ``type(x) is/==`` one, a ``case Capture():``
+    pattern, and ``hasattr``/``getattr(x, name, default)`` of an attribute only one storage
+    has."""
+    storage = set(STORAGE_CLASSES)
+    for node in ast.walk(tree):  # aliases: from attnviz.capture import Capture as Full
+        if isinstance(node, ast.ImportFrom):
+            storage.update(alias.asname for alias in node.names
+                           if alias.name in STORAGE_CLASSES and alias.asname)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            name, args = node.func.id, node.args
+            if name in ("isinstance", "issubclass") and len(args) == 2 and \
+                    storage & set(_names(args[1])):
+                yield node.lineno, f"{name}(..., {ast.unparse(args[1])})"
+            if name in ("hasattr", "getattr") and len(args) >= 2 and \
+                    isinstance(args[1], ast.Constant) and args[1].value in STORAGE_ATTRIBUTES \
+                    and (name == "hasattr" or len(args) == 3):
+                yield node.lineno, f"{name}(..., {args[1].value!r})"
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_is_type_call(side) for side in sides) and \
+                    storage & {n for side in sides for n in _names(side)}:
+                yield node.lineno, ast.unparse(node)
+        elif isinstance(node, ast.MatchClass) and storage & set(_names(node.cls)):
+            yield node.lineno, f"case {ast.unparse(node.cls)}()"
+
+
+def _in_record_room(name: str) -> bool:
+    return name in RECORD_ROOM
+
+
+def test_no_module_outside_the_record_asks_which_storage_it_holds() -> None:
+    found = []
+    for name, path in _modules().items():
+        if _in_record_room(name):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        found += [f"{path.relative_to(PACKAGE.parent)}:{line}: {what}"
+                  for line, what in storage_sniffing(tree)]
+    assert not found, ("ask the record its question (attnviz.record.AttentionRecord), not "
+                       "which storage it is:\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("source", [
+    "if isinstance(cap, Capture): pass",
+    "if not isinstance(cap, (int, LongCapture)): pass",
+    "ok = isinstance(cap, attnviz.long.LongCapture)",
+    "from attnviz.capture import Capture as Full\nok = isinstance(cap, Full)",
+    "ok = type(cap) is LongCapture",
+    "ok = type(cap).__name__ == 'LongCapture'",
+    "ok = hasattr(cap, 'weights')",
+    "ok = getattr(cap, 'folder', None) is None",
+    "match cap:\n    case LongCapture():\n        pass",
+    "ok = isinstance(cap, Capture | LongCapture)",
+])
+def test_the_storage_rule_catches_each_way_of_asking(source: str) -> None:
+    assert list(storage_sniffing(ast.parse(source)))
+
+
+@pytest.mark.parametrize("source", [
+    "ok = isinstance(error, InputError)",
+    "ok = getattr(cap, 'weights')",  # reading an attribute is not asking which kind
+    "ok = cap.finest_block > 1",  # a question of the surface: what it answers cheaply
+    "ok = hasattr(tokenizer, 'convert_tokens_to_string')",
+])
+def test_the_storage_rule_leaves_other_checks_alone(source: str) -> None:
+    assert not list(storage_sniffing(ast.parse(source)))
+
+
+def test_both_storages_answer_the_whole_surface() -> None:
+    """Every question of the surface is answered by each storage class (by name, statically:
+    a missing one is a question a consumer would have to route around)."""
+    record = ast.parse((PACKAGE / "record.py").read_text(encoding="utf-8"))
+    protocol = next(node for node in ast.walk(record)
+                    if isinstance(node, ast.ClassDef) and node.name == "AttentionRecord")
+    questions = {node.name for node in protocol.body if isinstance(node, ast.FunctionDef)}
+    questions |= {node.target.id for node in protocol.body
+                  if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+    assert {"tile", "rows", "topk", "atlas", "head_stats", "received", "sinks"} <= questions
+    from attnviz.capture import Capture
+    from attnviz.long.record import LongCapture
+    from attnviz.server.long_client import RemoteLongCapture
+
+    for storage in (Capture, LongCapture, RemoteLongCapture):
+        fields = set(getattr(storage, "__dataclass_fields__", {}))
+        missing = sorted(q for q in questions if not hasattr(storage, q) and q not in fields
+                         and q not in _instance_attributes(storage))
+        assert not missing, f"{storage.__name__} does not answer {missing}"
+
+
+def _instance_attributes(cls: type) -> set[str]:
+    import inspect
+
+    found: set[str] = set()
+    for klass in cls.__mro__:
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        tree = ast.parse(source.lstrip() if source[:1].isspace() else source)
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, ast.AnnAssign) else [])
+            for target in targets:
+                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                        and target.value.id == "self":
+                    found.add(target.attr)
+    return found

@@ -9,21 +9,24 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from attnviz.analysis.stats import SHORT_LABELS, STAT_KEYS, StatSums, layer_table, table_from_sums
 from attnviz.analysis.tokens import view_notes
-from attnviz.capture import Capture, model_label
+from attnviz.capture import model_label
 from attnviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnviz.record import AttentionRecord
 
 #: Text formats of :func:`format_head_table`.
 TEXT_FORMATS: tuple[str, ...] = ("csv", "json", "markdown")
 
 
-def measure_induction(load: Callable[[], Any] | None, capture: Capture, requested: bool | None
-                      ) -> tuple[np.ndarray | None, dict[str, Any] | None]:
+def measure_induction(load: Callable[[], Any] | None, capture: AttentionRecord,
+                      requested: bool | None) -> tuple[np.ndarray | None, dict[str, Any] | None]:
     """Run the induction test when asked, or by default for a live causal model.
 
     Args:
@@ -156,7 +159,7 @@ class HeadReport:
         return values, labels
 
 
-def head_report(sums: StatSums, view: Capture, induction: np.ndarray | None = None, *,
+def head_report(sums: StatSums, view: AttentionRecord, induction: np.ndarray | None = None, *,
                 induction_info: dict[str, Any] | None = None, sort: str = "layer",
                 ascending: bool = False, words: bool = False,
                 exclude_special: bool = False) -> HeadReport:

@@ -1,7 +1,8 @@
-"""Tables of a long capture (:class:`~attnviz.long.LongCapture`): top-k rows, head
-statistics and attention sinks, in the shapes the full capture's tables have.
+"""Tables of any attention record (:class:`~attnviz.record.AttentionRecord`): top-k rows,
+head statistics and attention sinks, one shape whatever holds the weights.
 
-Pure functions of the capture; everything is computed by the capture in streamed passes.
+Pure functions of the record: each asks the record its question (a long capture answers in
+streamed passes, a full capture from its array).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attnviz.analysis.stats import StatSums
-    from attnviz.long import LongCapture
+    from attnviz.record import AttentionRecord as LongCapture
 
 #: The most attention sinks a table lists.
 MAX_SINKS = 10
@@ -20,15 +21,18 @@ MAX_SINKS = 10
 def topk_rows(cap: LongCapture, layer: int, head: int | str, k: int
               ) -> list[dict[str, object]]:
     """Rows as :func:`attnviz.analysis.topk.topk_rows` makes them (``query_index``,
-    ``query``, ``top``: ``key_index``, ``key``, ``weight``), from the long capture's exact
-    top-k; keys a causal query cannot see are never listed. ``layer`` is a model layer the
-    capture holds, ``head`` an index or ``"mean"``."""
+    ``query``, ``top``: ``key_index``, ``key``, ``weight``), from the record's exact top-k,
+    labelled with continuation pieces marked (``·ing``); keys a causal query cannot see are
+    never listed. ``layer`` is a model layer the record holds, ``head`` an index or
+    ``"mean"``."""
     import numpy as np
+
+    from attnviz.analysis.tokens import piece_labels
 
     k = min(k, cap.num_tokens)
     indices, values = cap.topk(layer, head, k)  # -1: a key the query cannot see
     indices, values = np.asarray(indices), np.asarray(values, dtype=np.float32)
-    tokens = list(cap.display_tokens)
+    tokens = piece_labels(cap)
     rows: list[dict[str, object]] = []
     for query in range(indices.shape[0]):
         top = [{"key_index": int(j), "key": tokens[int(j)], "weight": round(float(w), 6)}
@@ -43,10 +47,12 @@ def topk_csv_rows(cap: LongCapture, k: int) -> Iterator[list[object]]:
     :data:`attnviz.analysis.topk.TOPK_CSV_COLUMNS`)."""
     import numpy as np
 
-    tokens = cap.display_tokens
+    from attnviz.analysis.tokens import piece_labels
+
+    tokens = piece_labels(cap)  # as every top-k table labels them (continuations: ·ing)
     k = min(k, cap.num_tokens)
     for layer in cap.layers:
-        for head in range(cap.num_heads):
+        for head in cap.heads:
             indices, values = cap.topk(layer, head, k)
             for query, (keys, weights) in enumerate(zip(np.asarray(indices),
                                                         np.asarray(values))):
@@ -60,18 +66,19 @@ def topk_csv_rows(cap: LongCapture, k: int) -> Iterator[list[object]]:
 
 
 def long_stat_sums(cap: LongCapture) -> StatSums:
-    """The head statistics of a long capture as :class:`~attnviz.analysis.stats.StatSums`
-    (one text), so every table and figure of ``attnviz heads`` shows them: the means of
-    :meth:`LongCapture.head_stats`, each counted once."""
+    """The head statistics of a record as :class:`~attnviz.analysis.stats.StatSums` (one
+    text), so every table and figure of ``attnviz heads`` shows them: the means of
+    :meth:`~attnviz.record.AttentionRecord.head_stats`, each counted once."""
     import numpy as np
 
     from attnviz.analysis.stats import StatSums
 
     means = {name: np.asarray(values, dtype=np.float64)
              for name, values in cap.head_stats().items()}
-    return StatSums(layers=list(cap.layers), heads=list(range(cap.num_heads)), sums=means,
+    return StatSums(layers=list(cap.layers), heads=list(cap.heads), sums=means,
                     counts={name: np.ones_like(values) for name, values in means.items()},
-                    texts=1, tokens=cap.num_tokens, model=cap.model, causal=cap.causal)
+                    texts=1, tokens=cap.num_tokens, model=cap.model, causal=cap.causal,
+                    measure=cap.measure)
 
 
 def sink_table(cap: LongCapture, threshold: float = 0.3) -> dict[str, Any]:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from attnviz.capture import Capture
 from attnviz.errors import InputError
+
+if TYPE_CHECKING:
+    from attnviz.record import AttentionRecord
 
 #: Prefix that marks a continuation piece in labels and tables: ``un ·bel ·ie ·va ·bly`` is one
 #: word in five pieces. The middle dot is the same for every tokenizer (WordPiece's ``##``,
@@ -177,7 +181,7 @@ def token_view(capture: Capture, *, words: bool = False, exclude_special: bool =
     return capture
 
 
-def view_notes(capture: Capture) -> list[str]:
+def view_notes(capture: AttentionRecord) -> list[str]:
     """Short notes on how a view differs from the raw capture, for titles."""
     notes = []
     if capture.pair is not None:
@@ -192,7 +196,7 @@ def view_notes(capture: Capture) -> list[str]:
 
 
 # --------------------------------------------------------------------------- pieces and pairs
-def continuation_flags(capture: Capture) -> list[bool]:
+def continuation_flags(capture: AttentionRecord) -> list[bool]:
     """For each token, whether it continues the word of the token before it (a subword piece).
 
     Comes from the tokenizer's word ids, so it holds for every tokenizer; a word-level view
@@ -206,7 +210,7 @@ def continuation_flags(capture: Capture) -> list[bool]:
     return flags
 
 
-def piece_labels(capture: Capture) -> list[str]:
+def piece_labels(capture: AttentionRecord) -> list[str]:
     """Token labels for figures and tables: continuation pieces marked, ``un ·bel ·ie ·va ·bly``.
 
     With ``--words`` (a merged view) every label is a whole word and nothing is marked.
@@ -215,7 +219,7 @@ def piece_labels(capture: Capture) -> list[str]:
             for token, piece in zip(capture.display_tokens, continuation_flags(capture))]
 
 
-def pair_start(capture: Capture) -> int | None:
+def pair_start(capture: AttentionRecord) -> int | None:
     """Position of the first token of a sentence pair's second segment, or ``None``.
 
     The second segment starts after the first run of special tokens that follows the first

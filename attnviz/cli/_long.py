@@ -1,8 +1,8 @@
-"""What ``heatmap``, ``top-k`` and ``heads`` do with a long capture (``--long``, or taken by
-itself for an input too long for every weight at once).
+"""What ``heatmap``, ``top-k`` and ``heads`` share about the record they are given, whatever
+holds it (:class:`~attnviz.record.AttentionRecord`: every weight in memory, or queries and
+keys on disk for a long input).
 
-The commands in :mod:`attnviz.cli.core` and :mod:`attnviz.cli.heads` hand a
-:class:`~attnviz.long.LongCapture` here; numpy and the figures are imported inside.
+The commands ask the record; numpy and the figures are imported inside.
 """
 
 from __future__ import annotations
@@ -13,24 +13,16 @@ from typing import TYPE_CHECKING
 from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
-
-    from attnviz.long import LongCapture
+    from attnviz.record import AttentionRecord
     from attnviz.render.heatmap import FigureOptions
 
-#: The most keys per query ``top-k`` lists from a long capture.
+#: The most keys per query ``top-k`` lists from a record whose weights are computed on demand.
 MAX_LONG_K = 100
 
 
-def is_long(capture: object) -> bool:
-    """Whether a session's answer is a long capture (not a :class:`~attnviz.capture.Capture`)."""
-    from attnviz.capture import Capture
-
-    return not isinstance(capture, Capture)
-
-
 def check_view(*, words: bool = False, exclude_special: bool = False) -> None:
-    """``--words`` and ``--exclude-special`` re-normalise full rows, which a long capture does
-    not hold.
+    """``--words`` and ``--exclude-special`` re-normalise full rows, which the long path
+    (``--long``) does not hold.
 
     Raises:
         UsageError: either is given.
@@ -44,40 +36,46 @@ def check_view(*, words: bool = False, exclude_special: bool = False) -> None:
                          "(--max-tokens N)")
 
 
-def _name(cap: LongCapture, what: str) -> Path:
+def record_view(record: AttentionRecord, *, words: bool = False,
+                exclude_special: bool = False) -> AttentionRecord:
+    """The record as a command shows it: ``--words`` merges subwords, ``--exclude-special``
+    drops special tokens and renormalises rows; both need every weight at once
+    (:meth:`~attnviz.record.AttentionRecord.dense`, refused past its bound)."""
+    if not (words or exclude_special):
+        return record
+    from attnviz.analysis.tokens import token_view
+
+    flag = "--words" if words else "--exclude-special"
+    return token_view(record.dense(flag), words=words, exclude_special=exclude_special)
+
+
+def _name(cap: AttentionRecord, what: str) -> Path:
     from attnviz.fileio import short_hash, slugify
 
-    digest = short_hash(cap.text, getattr(cap, "pair", None) or "", cap.model, length=6)
-    return Path(f"attention_{slugify(cap.text, 30)}_{digest}_{what}.png")
+    digest = short_hash(cap.text, cap.pair or "", cap.model, length=6)
+    measure = "" if cap.measure == "weights" else f"_{cap.measure}"
+    return Path(f"attention_{slugify(cap.text, 30)}_{digest}_{what}{measure}.png")
 
 
-def _layer(cap: LongCapture, layer: int) -> int:
-    from attnviz.long_session import long_layer
-
-    return long_layer(cap, layer)
-
-
-def _head(cap: LongCapture, head: int | str) -> int | str:
-    if head == "mean":
-        return "mean"
-    from attnviz.selection import resolve_index
-
-    return resolve_index(int(head), cap.num_heads, "head")
+def _head(cap: AttentionRecord, head: int | str) -> int | str:
+    index = cap.head_index(head)
+    return "mean" if index is None else index
 
 
 # --------------------------------------------------------------------------- heatmap
-def heatmap(cap: LongCapture, *, layer: int | None, head: int | str | None,
-            figure: FigureOptions, out: Path | None, suffix: str) -> tuple[Path, list[str]]:
-    """Draw a long capture as ``attnviz heatmap`` does: a window (``--tokens`` etc.) of one
-    head exactly, else the atlas; returns the path and warnings to print."""
+def atlas_heatmap(cap: AttentionRecord, *, layer: int | None, head: int | str | None,
+                  figure: FigureOptions, out: Path | None, suffix: str
+                  ) -> tuple[Path, list[str]]:
+    """Draw a record whose weights are computed on demand as ``attnviz heatmap`` does: a
+    window (``--tokens`` etc.) of one head exactly, else the atlas; returns the path and
+    warnings to print."""
     from attnviz.render import atlas
     from attnviz.render.heatmap import save_figure
 
-    check_view(words=figure.words, exclude_special=figure.exclude_special)
     windowed = any((figure.tokens, figure.queries, figure.keys))
     warnings: list[str] = []
     if layer is not None and head is not None:
-        index, which = _layer(cap, layer), _head(cap, head)
+        index, which = cap.layer_index(layer), _head(cap, head)
         label = f"L{index}_mean" if which == "mean" else f"L{index}_H{which}"
         if windowed:
             from attnviz.analysis.tokens import parse_windows
@@ -97,7 +95,7 @@ def heatmap(cap: LongCapture, *, layer: int | None, head: int | str | None,
             raise UsageError("a window (--tokens, --queries, --keys) of a long capture is "
                              "drawn for one head", "add --layer L --head H (or --head mean)")
         if layer is not None:
-            index = _layer(cap, layer)
+            index = cap.layer_index(layer)
             fig, block = atlas.atlas_grid_figure(cap, index, options=figure)
             label = f"L{index}_heads_atlas{block}"
         else:
@@ -113,22 +111,3 @@ def check_k(k: int) -> None:
     if k > MAX_LONG_K:
         raise UsageError(f"-k {k} is more than a long capture lists: at most {MAX_LONG_K} "
                          "keys per query", f"use -k {MAX_LONG_K} or fewer")
-
-
-def topk_rows(cap: LongCapture, layer: int, head: int | str, k: int
-              ) -> tuple[list[dict[str, object]], int, int | str]:
-    """:func:`attnviz.analysis.long.topk_rows` of a layer and head as the user gave them
-    (negative counts from the end); returns the rows, the layer and the head as resolved."""
-    from attnviz.analysis.long import topk_rows as rows_of
-
-    index, which = _layer(cap, layer), _head(cap, head)
-    return rows_of(cap, index, which, k), index, which
-
-
-def topk_title(cap: LongCapture, layer: int, head: int | str, k: int) -> str:
-    named = "mean of all heads" if head == "mean" else f"head {head}"
-    notes = ", ".join(["long capture", f"{cap.num_tokens} tokens"]
-                      + (["causal"] if cap.causal else []))
-    return f"{cap.model}: layer {layer}, {named} ({notes}), top {k}"
-
-

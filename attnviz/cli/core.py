@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from attnviz.capture import Capture
 from attnviz.cli._analysis_common import check_image_path, view_suffix
 from attnviz.cli._app import app
 from attnviz.cli._common import (
@@ -33,14 +32,13 @@ from attnviz.cli._common import (
     handle_errors,
     session,
     stdout,
-    view_of,
     warn,
 )
 from attnviz.errors import UsageError
 from attnviz.fileio import check_output
 
 if TYPE_CHECKING:
-    pass
+    from attnviz.record import AttentionRecord
 
 
 class TableFormat(str, Enum):
@@ -50,25 +48,16 @@ class TableFormat(str, Enum):
     markdown = "markdown"
 
 
-def _head_title(capture: Capture, layer: int, head: str, notes: list[str]) -> str:
+def _head_title(capture: AttentionRecord, layer: int, head: str, notes: list[str]) -> str:
     extra = f" ({', '.join(notes)})" if notes else ""
     named = head if head.startswith("mean") else f"head {head}"
     return f"{capture.title_start}layer {layer}, {named}{extra}"
 
 
-def _notes(capture: Capture) -> list[str]:
+def _notes(capture: AttentionRecord) -> list[str]:
     from attnviz.analysis.tokens import view_notes
 
     return view_notes(capture)
-
-
-def _default_name(capture: Capture, what: str) -> Path:
-    from attnviz.fileio import short_hash, slugify
-
-    slug = slugify(capture.text, 30)
-    digest = short_hash(capture.text, capture.pair or "", capture.model, length=6)
-    measure = "" if capture.measure == "weights" else f"_{capture.measure}"
-    return Path(f"attention_{slug}_{digest}_{what}{measure}.png")
 
 
 #: -o endings of files a capture is not (the user meant a file; dump would make a folder).
@@ -159,49 +148,43 @@ def heatmap(
                                   exclude_special=exclude_special, tokens=tokens,
                                   queries=queries, keys=keys)
     figure.colour_scale()  # a bad --vmax is reported before the slow parts
+    import attnviz.cli._long as records
+
+    if options.long:  # what the long path cannot give is refused before any work
+        records.check_view(words=words, exclude_special=exclude_special)
     # --layer/--head are checked against the model's config before it loads, then the capture.
-    capture = session().run(options.request(
+    record = session().run(options.request(
         layer=layer, head=head_choice if isinstance(head_choice, int) else None,
         long_path=True))
     suffix = view_suffix(words=words, exclude_special=exclude_special, tokens=tokens,
                          queries=queries, keys=keys)
-    if not isinstance(capture, Capture):  # a long capture: exact tiles in a window, else atlas
-        from attnviz.cli._long import heatmap as long_heatmap
-
-        path, warnings = long_heatmap(capture, layer=layer, head=head_choice, figure=figure,
-                                       out=out, suffix=suffix)
+    if record.finest_block > 1 and not (words or exclude_special):
+        # Weights computed on demand: a window of one head exactly, else the atlas.
+        path, warnings = records.atlas_heatmap(record, layer=layer, head=head_choice,
+                                               figure=figure, out=out, suffix=suffix)
         for message in warnings:
             warn(message)
         stdout.print(str(path))
         return
+    capture = record.dense("the figure")  # every weight at hand (--words: gathered, bounded)
     if layer is not None and head_choice is not None:
-        from attnviz.selection import resolve_index
-
-        shown_layer = resolve_index(layer, capture.num_layers, "layer")
-        what = (f"L{shown_layer}_mean" if head_choice == "mean" else
-                f"L{shown_layer}_H{resolve_index(int(head_choice), capture.num_heads, 'head')}")
+        shown_layer = capture.layer_index(layer)
+        index = capture.head_index(head_choice)
+        what = f"L{shown_layer}_mean" if index is None else f"L{shown_layer}_H{index}"
         artists = render.capture_head_figure(capture, layer, head_choice, options=figure)
         if annot and artists.layout is not None and artists.layout.dropped_values:
             warn(artists.layout.dropped_values)
         fig = artists.fig
     elif layer is not None:
-        shown_layer = capture.layers[capture.layer_position(layer)]
+        shown_layer = capture.layer_index(layer)
         fig = render.capture_grid_figure(capture, layer, options=figure)
         what = f"L{shown_layer}_heads"
     else:
         fig = render.capture_grid_figure(capture, None, options=figure)
         what = "overview"
     what += suffix
-    path = render.save_figure(fig, out or _default_name(capture, what), dpi=dpi)
+    path = render.save_figure(fig, out or records._name(capture, what), dpi=dpi)
     stdout.print(str(path))
-
-
-def _topk_rows(view: Capture, layer: int, head: int | str, k: int) -> list[dict[str, object]]:
-    from attnviz.analysis.tokens import piece_labels
-    from attnviz.analysis.topk import topk_rows
-
-    matrix = view.mean_matrix(layer) if head == "mean" else view.matrix(layer, int(head))
-    return topk_rows(matrix, piece_labels(view), k, causal=view.causal)  # pieces marked: ·ing
 
 
 def key_label(item: dict[str, Any]) -> str:
@@ -247,20 +230,22 @@ def format_topk(rows: list[dict[str, object]], fmt: TableFormat, k: int, title: 
     return "\n".join(lines) + "\n"
 
 
-def _full_topk(capture: Capture, layer: int, head_choice: int | str | None, k: int, *,
-               words: bool, exclude_special: bool) -> tuple[list[dict[str, object]], str, int]:
-    """Top-k rows of a full capture, the table's title and ``k`` cut to the keys there are."""
-    from attnviz.selection import resolve_index
+def topk_table(record: AttentionRecord, layer: int, head_choice: int | str | None, k: int,
+               *, words: bool = False, exclude_special: bool = False
+               ) -> tuple[list[dict[str, object]], str, int]:
+    """Top-k rows of a record as ``top-k`` shows them, the table's title and ``k`` cut to
+    the keys there are (past the number of keys, ``-k`` means every key)."""
+    import attnviz.cli._long as records
+    from attnviz.analysis.long import topk_rows
 
-    view = view_of(capture, exclude_special=exclude_special, words=words)
-    k = min(k, view.num_tokens)  # past the number of keys, -k means every key
-    shown_layer = resolve_index(layer, view.num_layers, "layer")
-    if head_choice == "mean":
-        head_label = view.mean_label
-    else:
-        head_label = str(resolve_index(int(head_choice or 0), view.num_heads, "head"))
-    rows = _topk_rows(view, layer, head_choice if head_choice == "mean" else int(head_choice or 0),
-                      k)
+    view = records.record_view(record, words=words, exclude_special=exclude_special)
+    if view.finest_block > 1:  # each key of each row is computed: a table, not a dump
+        records.check_k(k)
+    k = min(k, view.num_tokens)
+    shown_layer = view.layer_index(layer)
+    index = view.head_index("mean" if head_choice == "mean" else int(head_choice or 0))
+    head_label = view.mean_label if index is None else str(index)
+    rows = topk_rows(view, shown_layer, "mean" if index is None else index, k)
     title = _head_title(view, shown_layer, head_label, _notes(view)) + f", top {k}"
     return rows, title, k
 
@@ -298,24 +283,17 @@ def top_k_command(
       cat book.txt | attnviz top-k - --model ./llama --long -l 2 --head 3 -f csv -o top.csv
     """
     check_output(out)
-    import attnviz.cli._long as _long
+    import attnviz.cli._long as records
 
     head_choice = _parse_head(head)
-    if options.long:
-        _long.check_view(words=words, exclude_special=exclude_special)
-        _long.check_k(k)
-    capture = session().run(options.request(
+    if options.long:  # what the long path cannot give is refused before any work
+        records.check_view(words=words, exclude_special=exclude_special)
+        records.check_k(k)
+    record = session().run(options.request(
         layer=layer, head=head_choice if isinstance(head_choice, int) else None,
         long_path=True))
-    if isinstance(capture, Capture):
-        rows, title, k = _full_topk(capture, layer, head_choice, k, words=words,
-                                    exclude_special=exclude_special)
-    else:
-        _long.check_view(words=words, exclude_special=exclude_special)
-        _long.check_k(k)
-        rows, shown_layer, shown_head = _long.topk_rows(capture, layer, head_choice or 0, k)
-        k = min(k, capture.num_tokens)
-        title = _long.topk_title(capture, shown_layer, shown_head, k)
+    rows, title, k = topk_table(record, layer, head_choice, k, words=words,
+                                exclude_special=exclude_special)
     if fmt is TableFormat.table and out is None:
         from rich.table import Table
 
@@ -333,7 +311,7 @@ def top_k_command(
         stdout.print(table)
         return
     text = format_topk(rows, TableFormat.markdown if fmt is TableFormat.table else fmt, k, title,
-                       capture.measure if isinstance(capture, Capture) else "weights")
+                       record.measure)
     if out is None:
         typer.echo(text, nl=False)
         return

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 import typer
 from rich.markup import escape
 
-from attnviz.capture import Capture
 from attnviz.cli._analysis_common import check_distinct_outputs, check_image_path
 from attnviz.cli._app import app
 from attnviz.cli._common import (
@@ -38,7 +37,6 @@ from attnviz.cli._common import (
     session,
     stderr,
     stdout,
-    view_of,
     warn,
 )
 from attnviz.cli._engine import (
@@ -55,7 +53,7 @@ from attnviz.errors import UsageError
 from attnviz.fileio import check_output
 
 if TYPE_CHECKING:
-    from attnviz.long import LongCapture
+    from attnviz.record import AttentionRecord
 
 # Kept in step with attnviz.analysis.stats (not imported here: --help must stay light).
 _STATS = ("entropy", "entropy_nats", "distance", "max_weight", "self", "previous", "next",
@@ -310,8 +308,8 @@ def _print_head_tables(rows: list[dict[str, Any]], layer_rows: list[dict[str, An
         stderr.print("\n".join(textwrap.wrap(note, width)), markup=False, highlight=False)
 
 
-def _with_sinks(text: str, cap: LongCapture, fmt: TableFormat) -> str:
-    """A long capture's table with its attention sinks: a ``sinks`` entry in JSON, a line
+def _with_sinks(text: str, cap: AttentionRecord, fmt: TableFormat) -> str:
+    """One text's table with its attention sinks: a ``sinks`` entry in JSON, a line
     after Markdown; CSV stays one table (the sinks go to standard error)."""
     import json
 
@@ -405,7 +403,8 @@ def heads_command(
         raise UsageError("--measure is not available with --engine ray yet",
                          "use --engine local (the default) for the statistics of a measure")
     ray_induction: list[Any] | None = None  # the induction test, when a Ray worker ran it
-    long_capture: LongCapture | None = None  # a long input's capture (its sinks are added)
+    single: AttentionRecord | None = None  # one text's record (its sinks are added)
+    view: AttentionRecord  # the (last) record the statistics came from, as shown
     if input_file is not None:
         if options.long:
             raise UsageError("--long takes one text (TEXT or --from), not --input",
@@ -450,25 +449,18 @@ def heads_command(
             warn(f"{corpus.failed} text(s) could not be used and were skipped")
         sums, view = corpus.sums, corpus.view
     else:
-        from attnviz.analysis.stats import stat_sums
+        from attnviz.analysis.long import long_stat_sums
+        from attnviz.cli._long import record_view
 
+        if options.long and induction:  # the test loads the model beside the long path
+            raise UsageError("--induction runs the test beside a full capture",
+                             "leave out --induction with a long input")
         request = dataclasses.replace(  # every head is read: one pass computes them all
             options.request(layers=layers, heads=heads, long_path=True), long_summary=True)
-        capture = session().run(request)
-        if isinstance(capture, Capture):
-            view = view_of(capture, exclude_special=exclude_special, words=words)
-            sums = stat_sums(view)
-        else:  # a long capture: the statistics it streams, the same table
-            from attnviz.analysis.long import long_stat_sums
-            from attnviz.cli._long import check_view
-
-            check_view(words=words, exclude_special=exclude_special)
-            if induction:
-                raise UsageError("--induction runs the test beside a full capture",
-                                 "leave out --induction with a long input")
-            long_capture, induction = capture, False
-            sums = long_stat_sums(capture)
-            view = cast(Capture, capture)  # the title reads its pair, meta and causal flag
+        record = session().run(request)
+        view = record_view(record, exclude_special=exclude_special, words=words)
+        sums = long_stat_sums(view)  # each head's statistics, whatever holds the weights
+        single = view
     live = request.from_path is None  # the induction test needs the model, not a saved capture
     if ray_induction is not None:
         scores, induction_info = ray_induction
@@ -491,14 +483,14 @@ def heads_command(
     elif fmt is TableFormat.table and out is None:
         _print_head_tables(report.rows, report.layer_rows, report.title,
                            parse_columns(columns, report.keys))
-        if long_capture is not None:
+        if single is not None:
             from attnviz.analysis.long import sink_note, sink_table
 
-            stdout.print(escape(sink_note(sink_table(long_capture))), highlight=False)
+            stdout.print(escape(sink_note(sink_table(single))), highlight=False)
     else:
         text = report.format("markdown" if fmt is TableFormat.table else fmt.value)
-        if long_capture is not None:
-            text = _with_sinks(text, long_capture, fmt)
+        if single is not None:
+            text = _with_sinks(text, single, fmt)
         _write_or_print(text, out)
     if plot is not None:
         from attnviz.render import analysis as figures

@@ -26,14 +26,13 @@ import json
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any
 
 from attnviz.errors import AttnvizError, InputError, OutputError, UsageError
 from attnviz.export.plan import ExportItem, ExportOptions, ExportProgress, ExportSummary
 
 if TYPE_CHECKING:
-    from attnviz.capture import Capture
-    from attnviz.long import LongCapture
+    from attnviz.record import AttentionRecord as LongCapture
     from attnviz.request import CaptureRequest
     from attnviz.session import Session
 
@@ -86,7 +85,7 @@ def write_text(cap: LongCapture, folder: Path, options: ExportOptions) -> list[s
     from attnviz.analysis.heads import head_report
     from attnviz.analysis.long import long_stat_sums, sink_table
 
-    report = head_report(long_stat_sums(cap), cast("Capture", cap))  # title: pair, causal
+    report = head_report(long_stat_sums(cap), cap)  # title: pair, causal
     atomic_write_text(folder / HEADS_CSV, report.format("csv"), root=root)
     atomic_write_text(folder / SINKS_JSON, json.dumps(sink_table(cap), ensure_ascii=False,
                                                       indent=1), root=root)
@@ -162,7 +161,7 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
                                 "origin": item.origin, "id": item.id, "text": cap.text,
                                 "pair": cap.pair, "model": cap.model,
                                 "num_tokens": cap.num_tokens, "layers": list(cap.layers),
-                                "heads": list(range(cap.num_heads)), "files": files}
+                                "heads": list(cap.heads), "files": files}
                     with signals_held():
                         write_json(folder / MANIFEST, manifest)
                         index.add(folder_entry(number, item, name, manifest, "exported"))
@@ -192,19 +191,11 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
 
 
 def _capture(item: ExportItem, request: CaptureRequest, session: Session) -> LongCapture:
-    """The long capture of one item (a saved long capture is read, not captured again)."""
-    from attnviz.long import LongCapture
-
+    """The record of one item (a saved capture is read, not captured again). A model without
+    a long path answers with its full capture when that fits; its files are written the same
+    way, since every record answers the same questions."""
     if item.dump is not None:
-        answer = session.run(dataclasses.replace(request, text=None, from_path=item.dump,
-                                                 model=None, long=True))
-        if not isinstance(answer, LongCapture):
-            raise InputError(f"{item.dump} is a full capture, not a long one",
-                             "export it without --long")
-        return answer
-    answer = session.run(dataclasses.replace(request, text=item.text, pair=item.pair,
-                                             long=True))
-    if not isinstance(answer, LongCapture):  # the model has no long path; the full capture
-        raise InputError("this model cannot take the long path",  # fits: a normal export
-                         "export the text without --long")
-    return answer
+        return session.run(dataclasses.replace(request, text=None, from_path=item.dump,
+                                               model=None, long=True))
+    return session.run(dataclasses.replace(request, text=item.text, pair=item.pair,
+                                           long=True))

@@ -17,27 +17,39 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from attnviz.capture_checks import (  # noqa: F401  (the bounds every record shares, re-exported)
+    MAX_BLOCK,
+    MAX_TILE,
+    MAX_TOPK,
+    MIN_BLOCK,
+    SINK_THRESHOLD,
+    check_block,
+    check_head,
+    check_k,
+    check_layer,
+    check_span,
+    check_threshold,
+    check_tile,
+    dense_size_check,
+    largest_block,
+    seen_counts,
+)
 from attnviz.errors import DumpError, ModelLoadError, UsageError
 
 if TYPE_CHECKING:
     import torch
 
+    from attnviz.capture import Capture
     from attnviz.long.scan import Summary
 
 FORMAT_NAME = "attnviz-long-capture"
 FORMAT_VERSION = 1
 SIDECAR = "long.json"
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
-#: Largest tile (query rows x keys) one call returns: 64 Mi weights, 256 MiB of float32.
-MAX_TILE = 64 << 20
-#: Largest atlas block of any capture (a capture's own bound: :func:`largest_block`).
-MAX_BLOCK = 1 << 20
 #: Values read at a time when a layer's arrays are checked for NaN and infinities.
 FINITE_CHUNK = 1 << 22
 #: Largest score a layer's queries and keys may make (scores below -1e29 mean masked keys).
 MAX_SCORE = 1e28
-#: Largest ``k`` of :meth:`LongCapture.topk`.
-MAX_TOPK = 1024
 #: The hint of every damaged-folder error.
 _DAMAGED = "the long capture folder is damaged: capture again"
 
@@ -89,26 +101,6 @@ def write_sidecar(folder: Path, sidecar: dict[str, Any]) -> None:
             **sidecar}
     atomic_write_text(folder / SIDECAR, json.dumps(body, ensure_ascii=False, indent=1),
                       root=folder)
-
-
-def largest_block(size: int) -> int:
-    """The largest atlas block of a text of ``size`` tokens: the smallest power of two that
-    holds the text (at least 1024, so the 64-256-1024 pyramid always works), at most
-    :data:`MAX_BLOCK`. A larger block would be one cell, padded at great cost."""
-    return min(MAX_BLOCK, max(1024, 1 << max(0, int(size) - 1).bit_length()))
-
-
-def check_block(size: int, block: int) -> int:
-    """``block`` as an int, checked for a text of ``size`` tokens.
-
-    Raises:
-        UsageError: not a power of two from 16 to :func:`largest_block`.
-    """
-    block, largest = int(block), largest_block(size)
-    if block < 16 or block > largest or block & (block - 1):
-        raise UsageError(f"block must be a power of two from 16 to {largest} for this capture "
-                         f"of {size} tokens, got {block}", "use 64, 256 or 1024")
-    return block
 
 
 def check_summary(size: int, block: int | None, k: int) -> int:
@@ -279,37 +271,78 @@ class LongCapture:
 
     # ------------------------------------------------------------------ checks
     def _layer(self, layer: int) -> int:
-        from attnviz.selection import resolve_index
-
-        resolved = resolve_index(int(layer), self.num_layers, "layer")
-        if resolved not in self.layers:
-            raise UsageError(f"layer {layer} was not recorded in this long capture (it holds "
-                             f"layers {', '.join(map(str, self.layers))})",
-                             "pick one of those, or capture again with that layer")
-        return resolved
+        return check_layer(int(layer), self.num_layers, self.layers)
 
     def _head(self, head: int | str) -> int | None:
         """``None`` for the mean over heads."""
-        from attnviz.selection import resolve_index
-
-        if isinstance(head, str):
-            if head.strip().lower() == "mean":
-                return None
-            try:
-                head = int(head)
-            except ValueError:
-                raise UsageError(f"invalid head {head!r}: expected a number or \"mean\"") \
-                    from None
-        return resolve_index(int(head), self.num_heads, "head")
+        return check_head(head, self.num_heads, self.heads)
 
     def _span(self, start: int, stop: int | None, what: str) -> tuple[int, int]:
+        return check_span(start, stop, self.num_tokens, what)
+
+    # ------------------------------------------------------------------ the record's questions
+    # (attnviz.record.AttentionRecord: the surface every storage answers)
+    @property
+    def heads(self) -> list[int]:
+        """Every head of the model: a long capture keeps them all."""
+        return list(range(self.num_heads))
+
+    def layer_index(self, layer: int) -> int:
+        """The model layer of ``layer`` (negative counts from the end), checked held."""
+        return self._layer(layer)
+
+    def head_index(self, head: int | str) -> int | None:
+        """The model head of ``head``; ``None`` for ``"mean"``."""
+        return self._head(head)
+
+    @property
+    def finest_block(self) -> int:
+        """The smallest atlas block answered (weights are computed on demand)."""
+        return MIN_BLOCK
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of ``layer``, or ``None``."""
+        return self.windows[self._layer(layer)]
+
+    @property
+    def model_label(self) -> str:
+        """The model's name for titles (a local folder's name, not its path)."""
+        from attnviz.capture_build import model_label
+
+        return model_label(self.model)
+
+    @property
+    def title_start(self) -> str:
+        """The start of every title: ``model: ``."""
+        return f"{self.model_label}: "
+
+    @property
+    def mean_label(self) -> str:
+        """How the mean over heads is named in titles."""
+        return "mean of all heads"
+
+    def dense(self, what: str) -> Capture:
+        """Every weight of the recorded layers at once, as a
+        :class:`~attnviz.capture.Capture` (for ``what``: a view that re-normalises whole
+        rows, rollout, a whole-matrix report).
+
+        Raises:
+            UsageError: more than :data:`attnviz.record.MAX_DENSE` weights.
+        """
+        from attnviz.capture import Capture
+
+        dense_size_check(self, what)
         size = self.num_tokens
-        stop = size if stop is None else int(stop)
-        start = int(start)
-        if not 0 <= start < stop <= size:
-            raise UsageError(f"the {what} range {start}:{stop} is outside this capture's "
-                             f"{size} tokens", f"give 0 <= start < stop <= {size}")
-        return start, stop
+        weights = np.empty((len(self.layers), self.num_heads, size, size), dtype=np.float32)
+        for position, layer in enumerate(self.layers):
+            for head in range(self.num_heads):
+                weights[position, head] = self.tile(layer, head, 0, size, 0, size)
+        return Capture(tokens=list(self.tokens), word_ids=list(self.word_ids),
+                       special=list(self.special), weights=weights, layers=list(self.layers),
+                       heads=self.heads, num_layers=self.num_layers,
+                       num_heads=self.num_heads, model=self.model, causal=self.causal,
+                       text=self.text, pair=self.pair, display_tokens=list(self.display_tokens),
+                       meta=dict(self.meta))
 
     # ------------------------------------------------------------------ tensors
     def _queries(self, layer: int, heads: list[int] | None, q0: int, q1: int) -> torch.Tensor:
@@ -398,9 +431,7 @@ class LongCapture:
         index = self._head(head)
         q0, q1 = self._span(q0, q1, "query")
         k0, k1 = self._span(k0, k1, "key")
-        if (q1 - q0) * (k1 - k0) > MAX_TILE:
-            raise UsageError(f"a tile of {q1 - q0} x {k1 - k0} weights is too big (at most "
-                             f"{MAX_TILE} weights per call)", "ask for smaller tiles")
+        check_tile(q1 - q0, k1 - k0)
         q, k, lse = self._operands(layer, index, q0, q1)
         k = k[:, k0:k1]
         scale, window = self.scales[layer], self.windows[layer]
@@ -436,8 +467,7 @@ class LongCapture:
         layer = self._layer(layer)
         index = self._head(head)
         q0, q1 = self._span(q0, q1, "query")
-        if not 1 <= int(k) <= MAX_TOPK:
-            raise UsageError(f"k must be between 1 and {MAX_TOPK}, got {k}")
+        k = check_k(k)
         indices, values = topk_head(self, layer, index, min(int(k), self.num_tokens), q0, q1)
         self._finite_result(layer, values)
         return indices, values
@@ -500,18 +530,14 @@ class LongCapture:
 
     def seen_by(self, layer: int | None = None) -> np.ndarray:
         """How many queries see each key: ``[T]`` int64 (of ``layer``'s window)."""
-        size = self.num_tokens
         window = self.window if layer is None else self.windows[self._layer(layer)]
-        j = np.arange(size)
-        count = size - j if self.causal else np.full(size, size)
-        return np.minimum(count, window) if window else count
+        return seen_counts(self.num_tokens, self.causal, window)
 
-    def sinks(self, threshold: float = 0.3) -> np.ndarray:
+    def sinks(self, threshold: float = SINK_THRESHOLD) -> np.ndarray:
         """Attention sinks (Gu et al., 2024): for each token ``j``, the fraction of recorded
         (layer, head) pairs whose mean attention to ``j`` over the queries that see it
         exceeds ``threshold``. ``[T]`` float64."""
-        if not 0.0 < float(threshold) < 1.0:
-            raise UsageError(f"threshold must be between 0 and 1, got {threshold}")
+        threshold = check_threshold(threshold)
         summary = self.summarise()
         total = np.zeros(self.num_tokens)
         for position, layer in enumerate(self.layers):

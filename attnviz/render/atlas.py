@@ -1,9 +1,11 @@
-"""Figures of a long capture (:class:`~attnviz.long.LongCapture`): exact tiles and the atlas.
+"""Figures of a record whose weights are computed on demand (a long capture): exact tiles
+and the atlas, from the questions every record answers
+(:class:`~attnviz.record.AttentionRecord`).
 
-A long capture holds no weights: a window of one head is computed exactly on demand
-(``cap.tile``) and drawn as ``attnviz heatmap`` draws any head; a whole head, a layer's heads
-or every layer and head are drawn from the atlas (``cap.atlas``: the weights summed and maxed
-over square blocks of tokens), with the block size in the title::
+A window of one head is computed exactly on demand (``cap.tile``) and drawn as ``attnviz
+heatmap`` draws any head; a whole head, a layer's heads or every layer and head are drawn from
+the atlas (``cap.atlas``: the weights summed and maxed over square blocks of tokens), with the
+block size in the title::
 
     fig = atlas_head_figure(cap, layer=2, head=3)   # "layer 2, head 3, 64-token blocks (max)"
 """
@@ -20,7 +22,7 @@ from attnviz.errors import UsageError
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from attnviz.long import LongCapture
+    from attnviz.record import AttentionRecord as LongCapture
     from attnviz.render.head import HeadArtists
     from attnviz.render.heatmap import FigureOptions
 
@@ -83,7 +85,7 @@ def block_labels(cap: LongCapture, block: int) -> list[str]:
 
 def _title(cap: LongCapture, what: str, notes: list[str]) -> str:
     extra = f" ({', '.join(notes)})" if notes else ""
-    return f"{cap.model}: {what}{extra}"
+    return f"{cap.title_start}{what}{extra}"  # as every figure: the model's label first
 
 
 def long_notes(cap: LongCapture) -> list[str]:
@@ -96,19 +98,35 @@ def long_notes(cap: LongCapture) -> list[str]:
 def tile_head_figure(cap: LongCapture, layer: int, head: int | str, rows: tuple[int, int],
                      cols: tuple[int, int], *, options: FigureOptions) -> HeadArtists:
     """One head's (or the mean's) exact weights in a window, drawn as ``attnviz heatmap
-    --layer --head`` draws a head."""
+    --layer --head`` draws a head of any record: the same labels (continuation pieces
+    marked), pair divider and title (``model: layer 2, head 3 (causal, tokens 10:40 of
+    16384)``)."""
+    from attnviz.analysis.tokens import Window, pair_start, piece_labels, view_notes, window_note
     from attnviz.render.head import draw_head_artists
+    from attnviz.render.heatmap import head_title
 
     matrix = head_matrix(cap, layer, head, rows, cols)
-    tokens = cap.display_tokens
-    named = "mean of all heads" if head == "mean" else f"head {head}"
-    notes = [f"queries {rows[0]}:{rows[1]}, keys {cols[0]}:{cols[1]} of {cap.num_tokens}",
-             "exact"] + (["causal"] if cap.causal else [])
-    return draw_head_artists(matrix, list(tokens[rows[0]:rows[1]]),
-                             list(tokens[cols[0]:cols[1]]),
-                             title=_title(cap, f"layer {layer}, {named}", notes),
-                             cmap=options.cmap, annot=options.annot,
-                             scale=options.colour_scale(), dpi=options.dpi)
+    size = cap.num_tokens
+    shown_rows, shown_cols = Window(rows[0], rows[1], size), Window(cols[0], cols[1], size)
+    labels = piece_labels(cap)
+    notes = view_notes(cap)
+    note = window_note(shown_rows, shown_cols)
+    if note:
+        notes.append(note)
+    start = pair_start(cap)
+
+    def divider(window: Window) -> int | None:
+        if start is None or not window.start < start < window.stop:
+            return None
+        return start - window.start
+
+    suffix = f" ({', '.join(notes)})" if notes else ""
+    return draw_head_artists(matrix, labels[shown_rows.span], labels[shown_cols.span],
+                             title=head_title(cap, layer, head, suffix), cmap=options.cmap,
+                             annot=options.annot, scale=options.colour_scale(),
+                             dpi=options.dpi, row_divider=divider(shown_rows),
+                             col_divider=divider(shown_cols),
+                             label=cap.measure_label or "attention weight")
 
 
 def atlas_head_figure(cap: LongCapture, layer: int, head: int | str, *,
@@ -118,7 +136,7 @@ def atlas_head_figure(cap: LongCapture, layer: int, head: int | str, *,
 
     block = block_size(cap.num_tokens, blocks)
     labels = block_labels(cap, block)
-    named = "mean of all heads" if head == "mean" else f"head {head}"
+    named = cap.mean_label if head == "mean" else f"head {head}"
     title = _title(cap, f"layer {layer}, {named}, {block}-token blocks ({_what(head)})",
                    long_notes(cap))
     artists = draw_head_artists(atlas_matrix(cap, layer, head, block), labels, labels,
@@ -142,10 +160,10 @@ def atlas_grid_figure(cap: LongCapture, layer: int | None, *, options: FigureOpt
     block = block_size(cap.num_tokens, blocks)
     layers = list(cap.layers) if layer is None else [layer]
     matrices = np.stack([np.stack([atlas_matrix(cap, li, h, block)
-                                   for h in range(cap.num_heads)]) for li in layers])
+                                   for h in cap.heads]) for li in layers])
     what = (f"layer {layer}, all heads" if layer is not None else "every layer and head")
     title = _title(cap, f"{what}, {block}-token blocks (max)", long_notes(cap))
     fig = draw_grid(matrices, [f"layer {li}" for li in layers],
-                    [f"head {h}" for h in range(cap.num_heads)], title=title,
+                    [f"head {h}" for h in cap.heads], title=title,
                     cmap=options.cmap, scale=options.colour_scale(), dpi=options.dpi)
     return fig, block

@@ -189,8 +189,7 @@ def long_info(capture: LongCapture) -> dict[str, Any]:
 
 def layer_windows(capture: LongCapture) -> list[int | None]:
     """The sliding window of each recorded layer (``None``: the layer sees every earlier key)."""
-    windows = getattr(capture, "windows", None) or {}
-    found = [windows.get(layer, capture.window) for layer in capture.layers]
+    found = [capture.window_of(layer) for layer in capture.layers]
     return [None if w is None else int(w) for w in found]
 
 

@@ -217,7 +217,8 @@ class LongStore:
         """Keep ``cap`` for good (``attnviz serve --long-from``); returns its id."""
         from attnviz.inputs import short_hash
 
-        key = "folder-" + short_hash(str(getattr(cap, "folder", "")), cap.text, length=16)
+        key = "folder-" + short_hash(cap.model, cap.text, ",".join(map(str, cap.layers)),
+                                     str(cap.num_tokens), length=16)
         with self._lock:
             self._pinned[key] = cap
         return key
