@@ -234,6 +234,9 @@ class Capture:
         """Every held weight at once: the capture itself."""
         return self
 
+    def prepare(self, *, block: int | None = None, k: int = 0) -> None:
+        """Nothing to compute ahead: every weight is at hand."""
+
     def close(self) -> None:
         """Nothing to let go: the weights are an array (or a memory map numpy closes)."""
 

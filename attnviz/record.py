@@ -140,6 +140,13 @@ class AttentionRecord(Protocol):
         the queries that see it) exceeds ``threshold``; ``[T]`` float64."""
         ...
 
+    def prepare(self, *, block: int | None = None, k: int = 0) -> None:
+        """Answer the whole-record questions (statistics, received attention, the atlas at
+        ``block`` and coarser, with ``k > 0`` every head's top-``k``) ahead of the asks, in
+        one pass where the weights are computed on demand; nothing to do where every weight
+        is at hand. Later questions are answered from what it kept."""
+        ...
+
     def close(self) -> None:
         """Let go of what the record holds open (memory maps, a temporary folder)."""
         ...

@@ -355,3 +355,10 @@ def _instance_attributes(cls: type) -> set[str]:
                         and target.value.id == "self":
                     found.add(target.attr)
     return found
+
+
+def test_the_architecture_page_names_the_record_room() -> None:
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert "One record, many storages" in page and "A new storage" in page
+    for module in RECORD_ROOM:
+        assert module.removeprefix("attnviz.").replace(".", "/").split("/")[-1] in page, module

@@ -204,7 +204,7 @@ def test_top_k_prints_the_same_table(invoke: Any, sharp_llama: Path, fmt: str,
         for x, y in zip(a_rows[1:], b_rows[1:]):
             assert x[:5] == y[:5] and abs(float(x[5]) - float(y[5])) <= 2e-6
     else:  # the words are the same; the numbers (3 decimals) agree to their last digit
-        strip = [[line for line in text.splitlines()] for text in outputs]
+        strip = [text.splitlines() for text in outputs]
         assert len(strip[0]) == len(strip[1])
         for x, y in zip(strip[0], strip[1]):
             assert "".join(c for c in x if not c.isdigit()) == \
@@ -270,3 +270,20 @@ def test_a_window_is_drawn_with_the_same_labels(invoke: Any, sharp_llama: Path,
         _run(invoke, "heatmap", TEXT, "--model", str(sharp_llama), flag, "--no-cache", "-l",
              "1", "--head", "2", "--tokens", "2:9", "-o", str(tmp_path / f"w{flag}.png"))
     assert len(titles) == 2 and titles[0] and titles[0] == titles[1]
+
+
+def test_readme_names_the_questions_both_answer() -> None:
+    import re
+
+    from attnviz.capture import Capture
+    from attnviz.long import LongCapture
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    start = readme.index("returns a `LongCapture` (`tile`") + len("returns a `LongCapture` ")
+    section = " ".join(readme[start:].split())[:400]
+    assert "A full `Capture` answers the same questions" in section
+    assert "within 1e-6" in section  # what the tests above hold it to
+    named = re.findall(r"`(\w+)`", section[:section.index(")")])
+    assert {"tile", "topk", "atlas", "head_stats", "sinks", "received"} <= set(named)
+    for name in named:
+        assert callable(getattr(Capture, name)) and callable(getattr(LongCapture, name))

@@ -511,6 +511,10 @@ class LongCapture:
             self._summary = summary
         return cast("Summary", self._summary)
 
+    def prepare(self, *, block: int | None = None, k: int = 0) -> None:
+        """:meth:`summarise`: every whole-record answer in one streamed pass, kept."""
+        self.summarise(block=block, k=k)
+
     def head_stats(self) -> dict[str, np.ndarray]:
         """Statistic -> ``[layer, head]`` mean over query rows, with the definitions of
         :mod:`attnviz.analysis.stats` (``entropy`` divides by the log of the keys a row can

@@ -231,7 +231,7 @@ def long_report_data(capture: LongCapture, *, title: str | None = None,
     # most the block head_stats asks for, so it needs no second pass)
     from attnviz.long.scan import auto_block
 
-    capture.summarise(block=min(finest, auto_block(T)))
+    capture.prepare(block=min(finest, auto_block(T)))
     levels: list[dict[str, Any]] = [
         {"block": b, "n": -(-T // b), "heads": {str(layer): {} for layer in layers}}
         for b in blocks]
