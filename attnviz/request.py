@@ -77,7 +77,7 @@ class CaptureRequest:
             :class:`~attnviz.capture.Capture`); ``True`` the long capture (queries, keys and
             log-sum-exp per layer, a :class:`~attnviz.long.LongCapture`: exact weights on
             demand, memory O(T x d)); ``None`` the full record when it fits under
-            :func:`attnviz.long_session.max_full_bytes`, else the long capture (said through
+            :func:`attnviz.session.long_path.max_full_bytes`, else the long capture (said through
             the session's ``warn``).
         long_summary: a long capture also computes every head's statistics, atlas, attention
             received and top-k in the pass that finds the log-sum-exp (``heads`` asks for it:

@@ -31,7 +31,7 @@ FLOORS: dict[str, int] = {
     "attnviz.models": 3, "attnviz.analysis": 3, "attnviz.measures": 3, "attnviz.long": 3,
     "attnviz.render": 4,
     "attnviz.cache": 5, "attnviz.stream": 5, "attnviz.request": 5, "attnviz.batches": 5,
-    "attnviz.session": 5, "attnviz.long_session": 5,
+    "attnviz.session": 5,
     "attnviz.export": 6, "attnviz.notebook": 6, "attnviz.notebook_long": 6, "attnviz.server": 6,
     "attnviz.engine": 6,
     "attnviz.cli": 7, "attnviz.__main__": 7,

@@ -253,7 +253,7 @@ def test_dump_long_reads_back_with_from(invoke: Any, llama_dir: Path, long_text:
     assert long_stats["sinks"]["threshold"] == 0.3
     # Sinks: the share of heads whose mean attention to a token (over the queries that see
     # it) is above the threshold, from the eager weights; the largest shares first, at most 10.
-    from attnviz.analysis.long import sink_table
+    from attnviz.analysis.tables import sink_table
     from attnviz.long import load_long
 
     T = full_weights.shape[-1]
@@ -542,12 +542,12 @@ def test_readme_claims(monkeypatch: pytest.MonkeyPatch, llama_dir: Path, long_te
                        invoke: Any) -> None:
     import psutil
 
-    import attnviz.cli._long as cli_long
+    import attnviz.cli._analysis_common as cli_long
     import attnviz.render.atlas as atlas
-    from attnviz.long_session import full_bytes, max_full_bytes
     from attnviz.request import CaptureRequest
     from attnviz.server.engine import Limits
     from attnviz.session import Session
+    from attnviz.session.long_path import full_bytes, max_full_bytes
 
     readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Long contexts and LLMs", 1)[1].split("\n## ", 1)[0]
@@ -593,7 +593,7 @@ def test_a_window_wider_than_the_bound_is_refused(invoke: Any, llama_dir: Path,
 
 def test_the_token_bound_of_a_long_capture(invoke: Any, llama_dir: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import attnviz.long_session as long_session
+    import attnviz.session.long_path as long_session
 
     monkeypatch.setattr(long_session, "MAX_LONG_TOKENS", 100)
     result = invoke("top-k", "-", "--model", str(llama_dir), "--long", "-l", "0", "--head",

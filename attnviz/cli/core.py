@@ -148,7 +148,7 @@ def heatmap(
                                   exclude_special=exclude_special, tokens=tokens,
                                   queries=queries, keys=keys)
     figure.colour_scale()  # a bad --vmax is reported before the slow parts
-    import attnviz.cli._long as records
+    import attnviz.cli._analysis_common as records
 
     if options.long:  # what the long path cannot give is refused before any work
         records.check_view(words=words, exclude_special=exclude_special)
@@ -183,7 +183,7 @@ def heatmap(
         fig = render.capture_grid_figure(capture, None, options=figure)
         what = "overview"
     what += suffix
-    path = render.save_figure(fig, out or records._name(capture, what), dpi=dpi)
+    path = render.save_figure(fig, out or records.figure_name(capture, what), dpi=dpi)
     stdout.print(str(path))
 
 
@@ -235,8 +235,8 @@ def topk_table(record: AttentionRecord, layer: int, head_choice: int | str | Non
                ) -> tuple[list[dict[str, object]], str, int]:
     """Top-k rows of a record as ``top-k`` shows them, the table's title and ``k`` cut to
     the keys there are (past the number of keys, ``-k`` means every key)."""
-    import attnviz.cli._long as records
-    from attnviz.analysis.long import topk_rows
+    import attnviz.cli._analysis_common as records
+    from attnviz.analysis.tables import topk_rows
 
     view = records.record_view(record, words=words, exclude_special=exclude_special)
     if view.finest_block > 1:  # each key of each row is computed: a table, not a dump
@@ -283,7 +283,7 @@ def top_k_command(
       cat book.txt | attnviz top-k - --model ./llama --long -l 2 --head 3 -f csv -o top.csv
     """
     check_output(out)
-    import attnviz.cli._long as records
+    import attnviz.cli._analysis_common as records
 
     head_choice = _parse_head(head)
     if options.long:  # what the long path cannot give is refused before any work

@@ -139,7 +139,7 @@ def _check_saved_measures(dumps: list[Path], measure: str) -> None:
     a capture that cannot be read is left to the export, which reports it for that item."""
     from attnviz.capture import load_capture
     from attnviz.errors import AttnvizError
-    from attnviz.long_session import is_long_folder
+    from attnviz.session.long_path import is_long_folder
 
     for dump in dumps:
         if is_long_folder(dump):
@@ -161,7 +161,7 @@ def _long_applies(plan: ExportOptions, dumps: list[Path]) -> bool:
         return False
     if any((plan.tokens, plan.queries, plan.keys)):
         return False
-    from attnviz.long_session import is_long_folder
+    from attnviz.session.long_path import is_long_folder
 
     return all(is_long_folder(path) for path in dumps)
 
@@ -439,7 +439,7 @@ def export(
     request = options.model_request(layers=_all_is_none(layers), heads=_all_is_none(heads),
                                     long_path=True)
     if request.long is None and dump_list and not text_list and input_file is None:
-        from attnviz.long_session import is_long_folder
+        from attnviz.session.long_path import is_long_folder
 
         if all(is_long_folder(path) for path in dump_list):  # dumps of dump --long
             import dataclasses

@@ -313,7 +313,7 @@ def _with_sinks(text: str, cap: AttentionRecord, fmt: TableFormat) -> str:
     after Markdown; CSV stays one table (the sinks go to standard error)."""
     import json
 
-    from attnviz.analysis.long import sink_note, sink_table
+    from attnviz.analysis.tables import sink_note, sink_table
 
     sinks = sink_table(cap)
     if fmt is TableFormat.json:
@@ -449,8 +449,8 @@ def heads_command(
             warn(f"{corpus.failed} text(s) could not be used and were skipped")
         sums, view = corpus.sums, corpus.view
     else:
-        from attnviz.analysis.long import long_stat_sums
-        from attnviz.cli._long import record_view
+        from attnviz.analysis.tables import long_stat_sums
+        from attnviz.cli._analysis_common import record_view
 
         if options.long and induction:  # the test loads the model beside the long path
             raise UsageError("--induction runs the test beside a full capture",
@@ -484,7 +484,7 @@ def heads_command(
         _print_head_tables(report.rows, report.layer_rows, report.title,
                            parse_columns(columns, report.keys))
         if single is not None:
-            from attnviz.analysis.long import sink_note, sink_table
+            from attnviz.analysis.tables import sink_note, sink_table
 
             stdout.print(escape(sink_note(sink_table(single))), highlight=False)
     else:

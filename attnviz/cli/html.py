@@ -139,7 +139,7 @@ def _long_report(options: CaptureOptions, input_file: Path | None, folder: Path,
                          "the long capture holds its text")
     from attnviz.fileio import short_hash, slugify
     from attnviz.long import load_long
-    from attnviz.long_session import refuse_measure
+    from attnviz.session.long_path import refuse_measure
 
     refuse_measure(options.measure, folder)
     from attnviz.render.long_html import write_long_report

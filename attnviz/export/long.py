@@ -65,7 +65,7 @@ def _write_bytes(data: bytes, handle: IO[bytes]) -> None:
 def write_text(cap: LongCapture, folder: Path, options: ExportOptions) -> list[str]:
     """Write one text's files into ``folder`` (inside the export folder); returns their
     names, relative to ``folder``."""
-    from attnviz.analysis.long import topk_csv_rows
+    from attnviz.analysis.tables import topk_csv_rows
     from attnviz.analysis.topk import TOPK_CSV_COLUMNS
     from attnviz.csvtext import csv_text
     from attnviz.fileio import atomic_write, atomic_write_text
@@ -83,7 +83,7 @@ def write_text(cap: LongCapture, folder: Path, options: ExportOptions) -> list[s
                       root=root)
     files.append("topk.csv")
     from attnviz.analysis.heads import head_report
-    from attnviz.analysis.long import long_stat_sums, sink_table
+    from attnviz.analysis.tables import long_stat_sums, sink_table
 
     report = head_report(long_stat_sums(cap), cap)  # title: pair, causal
     atomic_write_text(folder / HEADS_CSV, report.format("csv"), root=root)

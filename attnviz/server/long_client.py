@@ -208,6 +208,9 @@ class RemoteLongCapture(LongCapture):
                          "are not sent", "run attnviz dump --long on the server's machine, or "
                          "leave out --server")
 
+    def prepare(self, *, block: int | None = None, k: int = 0) -> None:
+        """Nothing to compute here: the server answers each question (from its own pass)."""
+
     def close(self) -> None:
         """Nothing to free here: the server keeps its last few long captures."""
 

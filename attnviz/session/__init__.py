@@ -38,12 +38,12 @@ from attnviz.checks import (  # noqa: F401 - re-exported for callers of the sess
     check_text,
 )
 from attnviz.errors import AttnvizError, InputError, UsageError
-from attnviz.long_session import LongPath
 from attnviz.models.specs import (  # noqa: F401 - re-exported for the server and client
     _text_pairs,
     make_spec,
     spec_key,
 )
+from attnviz.session.long_path import LongPath
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -78,7 +78,7 @@ class Session(LongPath):
 
     Long inputs: :meth:`capture_long` (and a request with ``long=True``, or ``long=None`` when
     a full capture would not fit) answers with a :class:`~attnviz.long.LongCapture`
-    (:mod:`attnviz.long_session`); long captures are not kept in the capture cache.
+    (:mod:`attnviz.session.long_path`); long captures are not kept in the capture cache.
 
     Args:
         use_cache: read and write the on-disk capture cache (:mod:`attnviz.cache`).
@@ -384,7 +384,7 @@ class Session(LongPath):
         go to ``warn``) and checks ``layer`` and ``head`` against the capture.
 
         A request with ``long=True`` (or ``long=None`` and a full capture too big for
-        :func:`~attnviz.long_session.max_full_bytes`) is answered with a long capture, as is a
+        :func:`~attnviz.session.long_path.max_full_bytes`) is answered with a long capture, as is a
         ``from_path`` that holds one (``attnviz dump --long``).
 
         Returns:
@@ -399,7 +399,7 @@ class Session(LongPath):
         """
         self.check(request)
         if request.from_path is not None:
-            from attnviz.long_session import is_long_folder
+            from attnviz.session.long_path import is_long_folder
 
             if is_long_folder(request.from_path):
                 return self._saved_long(request)
@@ -444,7 +444,7 @@ class Session(LongPath):
         """
         self.check(request)
         if request.from_path is not None:
-            from attnviz.long_session import is_long_folder
+            from attnviz.session.long_path import is_long_folder
 
             if is_long_folder(request.from_path):
                 return self.write_long(self._saved_long(request), path, float16=float16)
