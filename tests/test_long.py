@@ -242,7 +242,7 @@ def test_layers_selection_and_early_stop(llama: Any) -> None:
     reference = llama.capture(TEXT, layers=[0])
     np.testing.assert_allclose(cap.rows(0, 1, 0, cap.num_tokens), reference.weights[0, 1],
                                atol=1e-5)
-    with pytest.raises(UsageError, match="layer 1 was not recorded"):
+    with pytest.raises(UsageError, match="layer 1 is not in this capture: it holds layers 0"):
         cap.tile(1, 0, 0, 4, 0, 4)
 
 

@@ -452,9 +452,11 @@ def heads_command(
         from attnviz.analysis.tables import long_stat_sums
         from attnviz.cli._analysis_common import record_view
 
-        if options.long and induction:  # the test loads the model beside the long path
-            raise UsageError("--induction runs the test beside a full capture",
-                             "leave out --induction with a long input")
+        if options.long:  # the induction test loads the model beside the long path
+            if induction:
+                raise UsageError("--induction runs the test beside a full capture",
+                                 "leave out --induction with a long input")
+            induction = False
         request = dataclasses.replace(  # every head is read: one pass computes them all
             options.request(layers=layers, heads=heads, long_path=True), long_summary=True)
         record = session().run(request)

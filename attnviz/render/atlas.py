@@ -89,10 +89,11 @@ def _title(cap: LongCapture, what: str, notes: list[str]) -> str:
 
 
 def long_notes(cap: LongCapture) -> list[str]:
-    notes = [f"{cap.num_tokens} tokens"]
-    if cap.causal:
-        notes.append("causal")
-    return notes
+    """The notes of every figure of ``cap`` (a sentence pair, causal; as a full capture's
+    titles have them), then the number of tokens the atlas covers."""
+    from attnviz.analysis.tokens import view_notes
+
+    return [*view_notes(cap), f"{cap.num_tokens} tokens"]
 
 
 def tile_head_figure(cap: LongCapture, layer: int, head: int | str, rows: tuple[int, int],
