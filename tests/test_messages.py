@@ -1,0 +1,115 @@
+"""Messages give advice that works: the command or numbers they suggest succeed, they count
+what the request needs, and each thing is said once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.long_fixtures import build_tiny_llama, long_text
+
+
+@pytest.fixture(scope="module")
+def short_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny causal Llama with 64 positions (a prompt reaches its end quickly)."""
+    return build_tiny_llama(tmp_path_factory.mktemp("short-llama") / "llama", positions=64)
+
+
+@pytest.fixture(scope="module")
+def llama_256(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("llama-256") / "llama", positions=256)
+
+
+# --------------------------------------------------------------------------- generate (12)
+def test_generate_says_how_many_prompt_tokens_fit_and_that_advice_works(invoke, short_llama):
+    prompt = long_text(100)  # cut to the model's 64 positions: no room for a new token
+    result = invoke("generate", prompt, "-m", short_llama, "-n", "4")
+    assert result.exit_code == 2, result.output
+    assert "--max-new-tokens 1 or less" not in result.stderr  # the advice that failed
+    assert "60 prompt tokens fit with 4 new tokens" in result.stderr
+    assert "--max-tokens 60" in result.stderr
+    followed = invoke("generate", prompt, "-m", short_llama, "-n", "4", "--max-tokens", "60",
+                      "--format", "json")
+    assert followed.exit_code == 0, followed.output
+
+
+def test_generate_offers_fewer_new_tokens_when_the_prompt_leaves_room(invoke, short_llama):
+    result = invoke("generate", long_text(40), "-m", short_llama, "-n", "40")
+    assert result.exit_code == 2, result.output
+    room = 64 - int(result.stderr.split("the prompt (")[1].split(" tokens")[0])
+    assert f"--max-new-tokens {room} or less" in result.stderr
+    assert "24 prompt tokens fit with 40 new tokens" in result.stderr
+
+
+# --------------------------------------------------------------------------- flow (13)
+def test_flow_refuses_a_long_text_before_the_model_loads(invoke, forbid_loading, tmp_path):
+    tried = forbid_loading()
+    text = "the cat sat on the mat while a dog ran past her house and birds sang"
+    result = invoke("rollout", text, "--method", "flow", "-o", tmp_path / "flow.png")
+    assert result.exit_code == 2, result.output
+    assert "attention flow over 18 tokens" in result.stderr  # [CLS] + 16 words + [SEP]
+    assert tried == []
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("extra", [["--exclude-special"], ["--max-tokens", "10"],
+                                   ["--max-flow-tokens", "18"]])
+def test_flow_check_counts_as_the_view_does(invoke, forbid_loading, tmp_path, extra):
+    """16 words without [CLS]/[SEP], a text cut to 10 tokens, a bound of 18: all within the
+    bound, so the check lets them through to the model (which the test forbids)."""
+    tried = forbid_loading()
+    text = "the cat sat on the mat while a dog ran past her house and birds sang"
+    result = invoke("rollout", text, "--method", "flow", "-o", tmp_path / "f.png", *extra)
+    assert "attention flow over" not in result.output
+    assert tried == ["minilm"]
+
+
+# --------------------------------------------------------------------------- switch (14)
+def test_automatic_switch_counts_what_a_one_head_figure_needs(invoke, llama_256, tmp_path,
+                                                               monkeypatch):
+    text = long_text(240)  # 242 tokens with the specials: 2 layers x 4 heads, 1.9 MB in full
+    monkeypatch.setenv("ATTNVIZ_MAX_FULL_MB", "0.1")
+    out = tmp_path / "one.png"
+    result = invoke("heatmap", text, "-m", llama_256, "-l", "1", "--head", "0", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "1 layer x 1 head x 242x242 weights" in result.stderr, result.stderr
+    assert "^2" not in result.stderr and "2 layers" not in result.stderr
+    assert f"{242 * 242 * 4 / 1024:.0f} KB" in result.stderr  # 1 x 1 x 242^2 x 4 bytes
+    # one head fits a bound of 0.5 MB: the full capture of that head, no long path
+    monkeypatch.setenv("ATTNVIZ_MAX_FULL_MB", "0.5")
+    result = invoke("heatmap", text, "-m", llama_256, "-l", "1", "--head", "0", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "long path" not in result.stderr
+
+
+# --------------------------------------------------------------------------- export (15)
+def test_a_line_that_is_not_utf8_is_named_once(invoke, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"The cat sat\n\xff\xfe broken\n")
+    result = invoke("export", "--input", source, "-m", "toy", "-o", tmp_path / "out")
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if "UTF-8" in line]
+    assert lines, result.stderr
+    for line in lines:
+        assert line.count(f"line 2 of {source}") == 1, line
+
+
+# --------------------------------------------------------------------------- compare (16)
+def test_compare_file_name_names_the_layer_the_table_shows(invoke, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("compare", "the cat sat on the mat", "--vs-causal", "--head", "0",
+                    "--toy-layers", "2")
+    assert result.exit_code == 0, result.output
+    (image,) = tmp_path.glob("compare_*.png")
+    assert "(layer 1, head 0)" in result.stdout
+    assert image.name.endswith("_L1_H0.png"), image.name
+
+
+def test_compare_note_is_a_whole_sentence(minilm):
+    from attnviz.analysis.compare import compare_captures
+
+    comparison = compare_captures(minilm.capture("The cat sat on the mat"),
+                                  minilm.capture("The big fluffy cat sat on the mat!"), 2, 3)
+    note = comparison.renormalised_note
+    assert note and note.endswith("are the weights before renormalisation")
