@@ -113,3 +113,45 @@ def test_compare_note_is_a_whole_sentence(minilm):
                                   minilm.capture("The big fluffy cat sat on the mat!"), 2, 3)
     note = comparison.renormalised_note
     assert note and note.endswith("are the weights before renormalisation")
+
+
+# --------------------------------------------------------------------------- memory (11)
+def _memory(monkeypatch: pytest.MonkeyPatch, available: int) -> None:
+    import types
+
+    import psutil
+
+    monkeypatch.setattr(psutil, "virtual_memory",
+                        lambda: types.SimpleNamespace(available=available))
+
+
+def test_a_measure_that_does_not_fit_gets_advice_that_works(invoke, cli_minilm, monkeypatch,
+                                                            tmp_path):
+    # 40 tokens of --measure norm: every layer and head (6 x 12) plus the selection, float32
+    text = long_text(38)
+    budget = 4 * 2 * 6 * 12 * 30 ** 2  # 30 tokens' worth (90% of what is free)
+    _memory(monkeypatch, int(budget / 0.9) + 1)
+    result = invoke("heatmap", text, "--measure", "norm", "-l", "0", "--head", "0", "-o",
+                    tmp_path / "n.png")
+    assert result.exit_code == 2, result.output
+    assert "--long" not in result.stderr.replace("\n", " ").split("Error:")[1].split(
+        "long path holds")[0]  # no advice to take a path that refuses measures
+    fit = int(result.stderr.split("--max-tokens ")[1].split(")")[0])
+    # every layer and head for the measure plus the figure's selection (the same, here)
+    assert fit == int((budget / (4 * 2 * 6 * 12)) ** 0.5)
+    followed = invoke("heatmap", text, "--measure", "norm", "-l", "0", "--head", "0",
+                      "--max-tokens", fit, "-o", tmp_path / "n.png")
+    assert followed.exit_code == 0, followed.output
+    tight = invoke("heatmap", text, "--measure", "norm", "-l", "0", "--head", "0",
+                   "--max-tokens", fit + 1, "-o", tmp_path / "n.png")
+    assert tight.exit_code == 2  # the number is the largest that fits
+
+
+def test_weights_that_do_not_fit_name_the_tokens_that_do(minilm, monkeypatch):
+    from attnviz.errors import InputError
+
+    _memory(monkeypatch, int(4 * 6 * 12 * 20 ** 2 / 0.9) + 1)
+    with pytest.raises(InputError) as caught:
+        minilm.capture(long_text(30))
+    assert "--max-tokens 20" in str(caught.value.hint)
+    minilm.capture(long_text(30), max_tokens=20)
