@@ -68,8 +68,8 @@ def memory_advice(shapes: Sequence[tuple[int, ...]], budget: int, measure: str =
         return (f"{cut}, or shorten the text; --measure {measure} is computed for every layer "
                 "and head, and the long path holds attention weights only")
     return (f"{cut}; or take the long path where the command has one (--long: exact weights "
-            "on demand, memory as tokens x head size), select fewer layers or heads (--layers, --heads), or write it "
-            "straight to disk: attnviz dump ... --float16")
+            "on demand, memory as tokens x head size), select fewer layers or heads "
+            "(--layers, --heads), or write it straight to disk: attnviz dump ... --float16")
 
 
 def _size(nbytes: int) -> str:
