@@ -155,3 +155,48 @@ def test_weights_that_do_not_fit_name_the_tokens_that_do(minilm, monkeypatch):
         minilm.capture(long_text(30))
     assert "--max-tokens 20" in str(caught.value.hint)
     minilm.capture(long_text(30), max_tokens=20)
+
+
+# --------------------------------------------------------------------------- labels (17)
+def test_a_relative_model_folder_is_named_by_its_folder_everywhere(invoke, llama_256,
+                                                                   monkeypatch):
+    import json
+
+    from attnviz.long import LongCapture
+    from attnviz.render.atlas import atlas_head_figure
+    from attnviz.render.heatmap import FigureOptions
+    from attnviz.server.long_routes import describe
+
+    work = llama_256.parent / "work"
+    work.mkdir(exist_ok=True)
+    monkeypatch.chdir(work)
+    relative = "../llama"
+    dumped = invoke("dump", long_text(40), "-m", relative, "--long", "-o", "lc")
+    assert dumped.exit_code == 0, dumped.output
+    topk = invoke("top-k", "--from", "lc", "-l", "0", "--head", "0")
+    assert topk.exit_code == 0, topk.output
+    assert topk.stdout.startswith("llama: layer 0"), topk.stdout[:80]
+    page = invoke("html", "--long-from", "lc", "-o", "lc.html")
+    assert page.exit_code == 0, page.output
+    html = (work / "lc.html").read_text(encoding="utf-8")
+    assert "<title>attnviz: llama:" in html and relative not in html.split("<script")[0]
+    data = json.loads(html.split('id="attnviz-long-data">')[1].split("</script>")[0])
+    assert data["model_label"] == "llama" and data["model"] == relative  # the record: the path
+    cap = LongCapture.open(work / "lc")
+    try:
+        assert relative not in repr(cap) and "'llama'" in repr(cap)
+        fig, _block = atlas_head_figure(cap, 0, 0, options=FigureOptions())
+        assert fig.texts[0].get_text().startswith("llama: layer 0")
+        served = describe("k", cap, 1000)
+        assert served["model_label"] == "llama" and served["model"] == relative
+    finally:
+        cap.close()
+
+
+def test_the_bundled_model_is_named_minilm_not_its_install_path(minilm):
+    import attnviz
+    from attnviz.models.hf import bundled_model_path
+
+    cap = attnviz.capture(minilm.model, minilm.tokenizer, "The cat sat")
+    assert str(bundled_model_path()) not in repr(cap)
+    assert repr(cap).startswith("Capture('minilm':")

@@ -83,7 +83,7 @@ def block_labels(cap: LongCapture, block: int) -> list[str]:
 
 def _title(cap: LongCapture, what: str, notes: list[str]) -> str:
     extra = f" ({', '.join(notes)})" if notes else ""
-    return f"{cap.model}: {what}{extra}"
+    return f"{cap.model_label}: {what}{extra}"
 
 
 def long_notes(cap: LongCapture) -> list[str]:
