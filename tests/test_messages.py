@@ -200,3 +200,20 @@ def test_the_bundled_model_is_named_minilm_not_its_install_path(minilm):
     cap = attnviz.capture(minilm.model, minilm.tokenizer, "The cat sat")
     assert str(bundled_model_path()) not in repr(cap)
     assert repr(cap).startswith("Capture('minilm':")
+
+
+# --------------------------------------------------------------------------- heads (18)
+def test_heads_per_layer_labels_do_not_wrap_at_80_columns(invoke, cli_minilm, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    result = invoke("heads", "the cat sat on the mat and the dog ran", "--measure", "norm")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    start = next(i for i, line in enumerate(lines) if line.startswith("Per layer"))
+    rows = [line for line in lines[start + 3:] if line.strip()]
+    assert [row.split()[0] for row in rows] == [str(layer) for layer in range(6)], rows
+    left_out = result.stderr.replace("\n", " ")
+    header = lines[start + 1].split()
+    for name in header[1:-1]:  # each statistic shown is in both tables, none named left out
+        head_header = next(line for line in lines if line.startswith("L "))
+        assert name in head_header.split() and f" {name}," not in left_out
