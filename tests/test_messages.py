@@ -217,3 +217,117 @@ def test_heads_per_layer_labels_do_not_wrap_at_80_columns(invoke, cli_minilm, mo
     for name in header[1:-1]:  # each statistic shown is in both tables, none named left out
         head_header = next(line for line in lines if line.startswith("L "))
         assert name in head_header.split() and f" {name}," not in left_out
+
+
+# --------------------------------------------------------------------------- full disk (10)
+def _disk_full_after(monkeypatch: pytest.MonkeyPatch, limit: int,
+                     message: str | None = None) -> None:
+    """Make the lowest writer of output files fail once ``limit`` bytes are written: with
+    ``ENOSPC``, or (``message``) as numpy reports a short write, without an error number."""
+    import errno
+    import os
+
+    import attnviz.diskfull as diskfull
+
+    real = diskfull.write_chunk
+    written = [0]
+
+    def write(handle, data):  # type: ignore[no-untyped-def]
+        size = memoryview(data).nbytes
+        if written[0] + size > limit:
+            if message is not None:
+                raise OSError(message)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written[0] += size
+        return real(handle, data)
+
+    monkeypatch.setattr(diskfull, "write_chunk", write)
+
+
+@pytest.mark.parametrize("message", [None, "8008 requested and 7136 written"])
+def test_dump_long_on_a_full_disk_says_so_and_names_the_folder(invoke, llama_256, tmp_path,
+                                                               monkeypatch, message):
+    out = tmp_path / "book"
+    _disk_full_after(monkeypatch, 20_000, message)
+    result = invoke("dump", long_text(100), "-m", llama_256, "--long", "-o", out)
+    assert result.exit_code == 1, result.output
+    error = result.stderr.replace("\n", " ")
+    assert f"no space left on the device while writing {out}{'/'}" in error, error
+    assert "the disk is full" in error and "free some disk space" in error
+    assert ".attnviz-dump" not in error and "requested and" not in error
+    assert not out.exists()  # nothing half-written is left (the folder was made by the dump)
+
+
+def test_a_full_dump_and_a_figure_on_a_full_disk_say_the_same(invoke, cli_minilm, tmp_path,
+                                                              monkeypatch):
+    _disk_full_after(monkeypatch, 0)
+    for args, shown in ((["dump", "The cat sat", "-o", tmp_path / "d"], tmp_path / "d"),
+                        (["heatmap", "The cat sat", "-l", "0", "--head", "0", "-o",
+                          tmp_path / "h.png"], tmp_path / "h.png")):
+        result = invoke(*args)
+        assert result.exit_code == 1, result.output
+        error = result.stderr.replace("\n", " ")
+        assert f"no space left on the device while writing {shown}" in error, error
+        assert "the disk is full" in error and ".tmp" not in error
+    assert not (tmp_path / "h.png").exists()
+
+
+def test_a_long_capture_in_the_temporary_folder_names_tmpdir(invoke, llama_256, tmp_path,
+                                                              monkeypatch):
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    _disk_full_after(monkeypatch, 0)
+    result = invoke("heatmap", long_text(60), "-m", llama_256, "--long", "-l", "0",
+                    "-o", tmp_path / "h.png")
+    assert result.exit_code == 1, result.output
+    error = result.stderr.replace("\n", " ")
+    assert f"temporary folder {tmp_path}" in error and "TMPDIR" in error, error
+    assert "the disk is full" in error and "attnviz-long-" not in error
+    assert not list(tmp_path.glob("attnviz-long-*"))
+
+
+def test_the_server_answers_507_without_paths_when_its_disk_is_full(llama_256, tmp_path,
+                                                                     monkeypatch):
+    import tempfile
+
+    from starlette.testclient import TestClient
+
+    from attnviz.server.app import create_app
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    app = create_app([str(llama_256)], device="cpu")
+    client = TestClient(app, base_url="http://127.0.0.1:8000")
+    _disk_full_after(monkeypatch, 0)
+    answer = client.post("/api/long/capture", json={"text": long_text(60),
+                                                    "model": str(llama_256)})
+    assert answer.status_code == 507, answer.text
+    error = answer.json()["error"]
+    assert "no space left" in error["message"] and error["type"] == "NoSpaceError"
+    for path in (str(tmp_path), str(llama_256), "/tmp", "attnviz-long"):
+        assert path not in answer.text
+
+
+def test_export_long_on_a_full_disk_describes_the_text_and_keeps_an_index(
+        invoke, llama_256, tmp_path, monkeypatch):
+    import json
+
+    out = tmp_path / "out"
+    first = invoke("export", long_text(50), "-m", llama_256, "--long", "-o", out)
+    assert first.exit_code == 0, first.output
+    _disk_full_after(monkeypatch, 30_000)
+    result = invoke("export", long_text(50), long_text(70), "-m", llama_256, "--long",
+                    "--force", "-o", out)
+    assert result.exit_code == 1, result.output
+    assert "no space left on the device" in result.stderr
+    monkeypatch.undo()
+    index = json.loads((out / "index.json").read_text(encoding="utf-8"))
+    for entry in index["texts"]:
+        folder = out / entry["folder"]
+        if any(folder.iterdir()):  # a text's files are described by its manifest
+            manifest = json.loads((folder / "export.json").read_text(encoding="utf-8"))
+            assert manifest["complete"] == (entry["status"] != "failed"), (entry, manifest)
+    assert any(entry["status"] == "failed" and "no space" in entry.get("error", "")
+               for entry in index["texts"]), index["texts"]
