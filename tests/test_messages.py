@@ -331,3 +331,66 @@ def test_export_long_on_a_full_disk_describes_the_text_and_keeps_an_index(
             assert manifest["complete"] == (entry["status"] != "failed"), (entry, manifest)
     assert any(entry["status"] == "failed" and "no space" in entry.get("error", "")
                for entry in index["texts"]), index["texts"]
+
+
+# --------------------------------------------------------------------------- --help (20)
+def _command_paths() -> list[list[str]]:
+    import typer
+
+    from attnviz.cli import app
+
+    paths: list[list[str]] = [[]]
+
+    def walk(command, prefix):  # type: ignore[no-untyped-def]
+        for name, sub in getattr(command, "commands", {}).items():
+            paths.append([*prefix, name])
+            walk(sub, [*prefix, name])
+
+    walk(typer.main.get_command(app), [])
+    return paths
+
+
+def _ragged_breaks(text: str, width: int = 80) -> list[str]:
+    """Lines of the help's prose (before the option boxes) that end although the next line's
+    first word would have fitted, and example lines that wrap."""
+    lines = [line.rstrip() for line in text.split("╭")[0].splitlines()]
+    room = width - 2  # rich pads the text by one column on each side
+    bad = []
+    for a, b in zip(lines, lines[1:]):
+        a_text, b_text = a[1:], b[1:]
+        if not a_text.strip() or not b_text.strip() or a_text.startswith("Usage:"):
+            continue
+        if a_text.startswith("  "):  # an example: one line each
+            bad.append(f"example wraps: {a_text.strip()!r} / {b_text.strip()!r}")
+            continue
+        if b_text.startswith("-") and a_text.endswith((".", ":")):
+            continue  # a new item on its own line
+        if len(a_text) + 1 + len(b_text.split()[0]) <= room:
+            bad.append(f"{a_text!r} / {b_text!r}")
+    return bad
+
+
+def test_every_help_text_wraps_cleanly_at_80_columns(runner, monkeypatch):
+    from attnviz.cli import app
+
+    monkeypatch.setenv("COLUMNS", "80")
+    paths = _command_paths()
+    assert len(paths) > 10
+    problems = {}
+    for path in paths:
+        result = runner.invoke(app, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        bad = _ragged_breaks(result.stdout)
+        if bad:
+            problems[" ".join(path) or "attnviz"] = bad
+    assert not problems, problems
+
+
+def test_the_ragged_breaks_of_the_issue_are_recognised():
+    text = (" Usage: attnviz heatmap\n\n"
+            " Figures grow with the input up to a bound, then label every n-th token; zoom\n"
+            " into long\n"
+            " inputs with --tokens A:B (or --queries / --keys). Colours: --scale power\n"
+            " (default,\n"
+            " --gamma 0.5) and --vmax auto.\n╭─ Options")
+    assert len(_ragged_breaks(text)) == 2  # "into long" / "inputs", "(default," / "--gamma"

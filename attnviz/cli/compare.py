@@ -74,7 +74,7 @@ COMPARE_HELP = "\n\n".join([
     "  attnviz compare \"The cat sat\" --model-a minilm --model-b ./my-bert",
     "  attnviz compare \"The cat sat on the mat\" --model toy --vs-causal --head 0",
     "  attnviz compare --from a/ --from b/ --layer 0 --head 3 --format json",
-    "  attnviz compare \"The cat sat on the mat\" \"The dog sat on the mat\" --measure norm",
+    "  attnviz compare \"The cat sat on the mat\" \"The dog sat on it\" --measure norm",
     "  attnviz compare \"The cat sat\" \"The dog sat\" --server http://127.0.0.1:8765",
 ])
 

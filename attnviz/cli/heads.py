@@ -127,7 +127,7 @@ HEADS_HELP = "\n\n".join([
     "Examples:",
     "  attnviz heads \"The cat sat on the mat.\"",
     "  attnviz heads --input sentences.txt --sort sep --format csv -o heads.csv",
-    "  attnviz heads --input corpus.jsonl --engine ray --workers 4 --gpus-per-worker 0.5",
+    "  attnviz heads --input t.jsonl --engine ray --workers 4 --gpus-per-worker 0.5",
     "  attnviz heads \"The cat sat on the mat.\" --plot heads.png --stat entropy",
     "  attnviz heads \"A B C D\" --model toy --causal --toy-layers 2",
     "A measure's rows are scaled to sum to 1 first:",
