@@ -145,7 +145,7 @@ def heatmap(
     window of one head is drawn exactly; without one, the figures show the atlas (the largest
     weight of each block of tokens; the title gives the block size).
 
-      attnviz heatmap - -m ./lm --long -l 2 --head 3 --tokens 8000:8064 < book.txt
+      cat book.txt | attnviz heatmap - -m ./lm --long -l 2 --head 3 --tokens 0:64
     """
     head_choice = _parse_head(head)
     if head_choice is not None and layer is None:
@@ -380,7 +380,7 @@ def dump(
     capture: a folder of queries, keys and log-sum-exp per layer (q_000.npy, k_000.npy,
     lse_000.npy) and its sidecar long.json; heatmap, top-k and heads read it back with --from.
 
-      attnviz dump - -m ./llama --long --long-dtype bfloat16 -o book/ < book.txt
+      cat book.txt | attnviz dump - -m ./lm --long --long-dtype bfloat16 -o book/
 
     A folder holds one capture: once a dump into it is complete, the files of an earlier
     capture there (attention.npy, capture.json, long.json, q_/k_/lse_LLL.npy) are removed and
