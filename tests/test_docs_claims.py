@@ -76,3 +76,60 @@ def test_export_speed_agrees_between_readme_and_docs():
     docs = pattern.findall((ROOT / "docs" / "export.md").read_text(encoding="utf-8"))
     assert readme and docs and set(readme) == set(docs), (readme, docs)
     assert "40 to 70 times" not in (ROOT / "docs" / "export.md").read_text(encoding="utf-8")
+
+
+def _alti_rows(minilm, distance):  # type: ignore[no-untyped-def]
+    """Per-layer ALTI of MiniLM (float64 ``[layer, query, key]``) with ``distance(output,
+    vectors)`` as the L1 distance: attnviz's own loop (attnviz.measures.alti) otherwise."""
+    import torch
+
+    from attnviz.measures._collect import (
+        adapter_for,
+        block_vectors,
+        collect,
+        layer_parts,
+        layers_of,
+    )
+
+    enc, _ = minilm.encode("The cat sat on the mat because it was warm.", None, None)
+    inputs = minilm._model_inputs(enc)
+    adapter = adapter_for(minilm.config, "alti")
+    with torch.inference_mode():
+        records = collect(minilm.model, inputs, adapter)
+    layers = []
+    for layer, record in zip(layers_of(minilm.model, adapter), records):
+        batch, heads, tokens, _ = record.probs.shape
+        parts = layer_parts(layer, adapter, heads)
+        out = torch.zeros(batch, tokens, tokens, dtype=torch.float64)
+        for rows, vectors, output in block_vectors(record, parts, heads, adapter.post_ln):
+            closeness = (output.abs().sum(-1)[:, :, None] - distance(output, vectors)).clamp(
+                min=0)
+            out[:, rows] = closeness / closeness.sum(-1, keepdim=True)
+        layers.append(out[0])
+    return torch.stack(layers)
+
+
+def test_the_alti_reference_differs_by_pairwise_distances_eps_only(minilm):
+    """docs/analysis.md: the authors' L1 distance is ``pairwise_distance(..., p=1)``, whose
+    ``eps=1e-6`` is added to every component; that, and nothing else, is the difference."""
+    import torch
+    from torch.nn.functional import pairwise_distance
+
+    def exact(output, vectors):  # type: ignore[no-untyped-def]
+        return (output[:, :, None, :] - vectors).abs().sum(-1)
+
+    def reference(eps):  # type: ignore[no-untyped-def]
+        def distance(output, vectors):  # type: ignore[no-untyped-def]
+            return pairwise_distance(output[:, :, None, :].expand_as(vectors), vectors, p=1,
+                                     eps=eps)
+        return distance
+
+    ours = _alti_rows(minilm, exact)
+    with_eps = (_alti_rows(minilm, reference(1e-6)) - ours).abs().amax(dim=(1, 2))
+    without = (_alti_rows(minilm, reference(0.0)) - ours).abs().max()
+    assert float(without) < 1e-9  # the same computation once eps is gone
+    assert 3e-5 < float(with_eps.max()) < 5e-5, with_eps  # "a few 1e-5" (3.4e-5 here)
+    text = (ROOT / "docs" / "analysis.md").read_text(encoding="utf-8")
+    assert "pairwise_distance(..., p=1)" in text and "eps=1e-6" in text
+    assert "unbiased=False" in text and "d0f1468" in text
+    assert torch.isfinite(ours).all()
