@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.long_fixtures import build_tiny_llama, long_text
@@ -394,3 +395,61 @@ def test_the_ragged_breaks_of_the_issue_are_recognised():
             " (default,\n"
             " --gamma 0.5) and --vmax auto.\n╭─ Options")
     assert len(_ragged_breaks(text)) == 2  # "into long" / "inputs", "(default," / "--gamma"
+
+
+# --------------------------------------------------------------------------- figures (19)
+def test_cell_text_keeps_a_significant_digit():
+    from attnviz.render.parts import cell_text
+
+    assert cell_text(0.25) == "0.25" and cell_text(1.0) == "1.00" and cell_text(0.0) == "0.00"
+    assert cell_text(-1e-9) == "-1e-9" and cell_text(-0.0) == "0.00"
+    assert cell_text(0.00042) == "4e-4" and cell_text(0.0049) == "5e-3"
+    assert cell_text(0.005) == "0.01" or cell_text(0.005) == "5e-3"  # rounding at the edge
+
+
+@pytest.fixture(scope="module")
+def long_dump(llama_256: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.long_fixtures import capture_tiny_llama
+
+    return capture_tiny_llama(llama_256, 240, tmp_path_factory.mktemp("long-dump") / "cap")
+
+
+def test_an_exact_window_of_a_long_capture_writes_what_tells_weights_apart(long_dump):
+    from attnviz.long import LongCapture
+    from attnviz.render.atlas import head_matrix, tile_head_figure
+    from attnviz.render.colours import MASKED_RGB
+    from attnviz.render.heatmap import FigureOptions
+
+    cap = LongCapture.open(long_dump)
+    try:
+        rows, cols = (200, 212), (100, 112)  # weights of order 1/200, none masked
+        artists = tile_head_figure(cap, 1, 0, rows, cols, options=FigureOptions(annot=True))
+        matrix = head_matrix(cap, 1, 0, rows, cols)
+        texts = [cell.get_text() for cell in artists.cells]
+        assert len(texts) == matrix.size and "0.00" not in texts, texts[:12]
+        for text, value in zip(texts, matrix.ravel()):
+            assert float(text) == pytest.approx(float(value), rel=0.5, abs=0.005)
+        # queries 0:12, keys 0:12 of a causal model: the future is grey, without a value
+        artists = tile_head_figure(cap, 1, 0, (0, 12), (0, 12), options=FigureOptions(annot=True))
+        image = np.asarray(artists.image.get_array())
+        upper = np.triu(np.ones((12, 12), dtype=bool), 1)
+        assert (image[upper] == MASKED_RGB).all()
+        assert not (image[~upper] == MASKED_RGB).all(axis=-1).any()
+        assert len(artists.cells) == int((~upper).sum())
+    finally:
+        cap.close()
+
+
+def test_a_full_capture_draws_masked_cells_grey_and_bidirectional_none(minilm, llama_256):
+    from attnviz.models.hf import HFSource
+    from attnviz.render.colours import MASKED_RGB
+    from attnviz.render.heatmap import FigureOptions, capture_head_figure
+
+    causal = HFSource(str(llama_256), device="cpu").capture("the cat sat on the mat")
+    artists = capture_head_figure(causal, 0, 1, options=FigureOptions(annot=True,
+                                                                       tokens="2:7"))
+    image = np.asarray(artists.image.get_array())
+    upper = np.triu(np.ones((5, 5), dtype=bool), 1)
+    assert (image[upper] == MASKED_RGB).all() and len(artists.cells) == 15
+    bidirectional = capture_head_figure(minilm.capture("the cat sat on the mat"), 0, 1)
+    assert not (np.asarray(bidirectional.image.get_array()) == MASKED_RGB).all(axis=-1).any()
