@@ -105,8 +105,10 @@ def tile_head_figure(cap: LongCapture, layer: int, head: int | str, rows: tuple[
     from attnviz.analysis.tokens import Window, pair_start, piece_labels, view_notes, window_note
     from attnviz.render.head import draw_head_artists
     from attnviz.render.heatmap import head_title
+    from attnviz.render.parts import masked_cells
 
     matrix = head_matrix(cap, layer, head, rows, cols)
+    masked = masked_cells(rows, cols, causal=bool(cap.causal), window=cap.window_of(layer))
     size = cap.num_tokens
     shown_rows, shown_cols = Window(rows[0], rows[1], size), Window(cols[0], cols[1], size)
     labels = piece_labels(cap)
@@ -127,7 +129,7 @@ def tile_head_figure(cap: LongCapture, layer: int, head: int | str, rows: tuple[
                              annot=options.annot, scale=options.colour_scale(),
                              dpi=options.dpi, row_divider=divider(shown_rows),
                              col_divider=divider(shown_cols),
-                             label=cap.measure_label or "attention weight")
+                             label=cap.measure_label or "attention weight", masked=masked)
 
 
 def atlas_head_figure(cap: LongCapture, layer: int, head: int | str, *,
