@@ -211,7 +211,11 @@ def test_heads_per_layer_labels_do_not_wrap_at_80_columns(invoke, cli_minilm, mo
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80
     start = next(i for i, line in enumerate(lines) if line.startswith("Per layer"))
-    rows = [line for line in lines[start + 3:] if line.strip()]
+    rows = []  # the table's rows: up to the blank line before the attention sinks
+    for line in lines[start + 3:]:
+        if not line.strip():
+            break
+        rows.append(line)
     assert [row.split()[0] for row in rows] == [str(layer) for layer in range(6)], rows
     left_out = result.stderr.replace("\n", " ")
     header = lines[start + 1].split()

@@ -491,9 +491,13 @@ def heads_command(
         _print_head_tables(report.rows, report.layer_rows, report.title,
                            parse_columns(columns, report.keys))
         if single is not None:
+            import textwrap
+
             from attnviz.analysis.tables import sink_note, sink_table
 
-            stdout.print(escape(sink_note(sink_table(single))), highlight=False)
+            note = textwrap.fill(sink_note(sink_table(single)), _console_width(),
+                                 break_long_words=False, break_on_hyphens=False)
+            stdout.print("\n" + note, markup=False, highlight=False, soft_wrap=True)
     else:
         text = report.format("markdown" if fmt is TableFormat.table else fmt.value)
         if single is not None:
