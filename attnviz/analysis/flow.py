@@ -21,7 +21,7 @@ it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,8 +29,28 @@ from attnviz.analysis.rollout import RolloutResult, layer_matrices, rollout_view
 from attnviz.capture import Capture
 from attnviz.errors import UsageError
 
-if TYPE_CHECKING:
-    from attnviz.request import CaptureRequest
+
+class _Request(Protocol):
+    """What :func:`check_flow_request` reads of an :class:`attnviz.request.CaptureRequest`
+    (named structurally: requests sit floors above the analysis)."""
+
+    @property
+    def text(self) -> str | None: ...
+
+    @property
+    def pair(self) -> str | None: ...
+
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def from_path(self) -> Any: ...
+
+    @property
+    def max_tokens(self) -> int | None: ...
+
+    @property
+    def truncate(self) -> bool: ...
 
 #: Tokens above which flow refuses to run unless asked (``--max-flow-tokens``).
 DEFAULT_MAX_TOKENS = 16
@@ -53,7 +73,7 @@ def check_flow_size(tokens: int, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
             f"{MAX_TOKENS_LIMIT}), or use --method rollout")
 
 
-def check_flow_request(request: CaptureRequest, max_tokens: int = DEFAULT_MAX_TOKENS, *,
+def check_flow_request(request: _Request, max_tokens: int = DEFAULT_MAX_TOKENS, *,
                        exclude_special: bool = False, words: bool = False) -> None:
     """Refuse a text over ``max_tokens`` before its model loads: the model's tokenizer alone
     counts it (:func:`attnviz.models.count_tokens`). A saved capture, standard input, the toy
