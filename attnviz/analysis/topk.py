@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -15,6 +19,56 @@ class TopK:
     query: int  # position of the query token
     keys: list[int]  # key positions, strongest first
     weights: list[float]  # their weights
+
+
+@overload
+def top_keys(values: np.ndarray, k: int) -> np.ndarray: ...
+@overload
+def top_keys(values: torch.Tensor, k: int) -> torch.Tensor: ...
+
+
+def top_keys(values: np.ndarray | torch.Tensor, k: int) -> np.ndarray | torch.Tensor:
+    """The rule of every top-k table: positions of the ``k`` largest values along the last
+    axis, largest first, ties to the lower position (the earlier key).
+
+    One rule for a full capture's matrices (numpy: a stable sort) and a long capture's chunks
+    of scores (torch, on the capture's device: ``torch.topk``, whose order among equal values
+    is unspecified, then ties at the cut and among the chosen put in position order), so
+    both lengths list the same keys for the same weights.
+
+    Args:
+        values: ``[..., n]`` numpy array or torch tensor; ``k``: 1 to ``n``.
+
+    Returns:
+        ``[..., k]`` positions (int64), of the same kind as ``values``.
+    """
+    if isinstance(values, np.ndarray):
+        return np.argsort(-values, axis=-1, kind="stable")[..., :k]
+    return _top_keys_torch(values, k)
+
+
+def _top_keys_torch(values: torch.Tensor, k: int) -> torch.Tensor:
+    import torch
+
+    shape = values.shape
+    flat = values.reshape(-1, shape[-1])  # [rows, n]
+    if bool(torch.isnan(flat).any()):  # no order among NaN: a stable sort, as numpy's rule
+        order = torch.argsort(-flat, dim=-1, stable=True)[:, :k]
+        return order.reshape(*shape[:-1], k)
+    top, index = torch.topk(flat, k, dim=-1)  # [rows, k]
+    kth = top[:, -1:]
+    # Rows where values equal to the k-th straddle the cut: keep the earliest of them.
+    straddle = ((flat >= kth).sum(-1) > k).nonzero()[:, 0]
+    if straddle.numel():
+        part, cut = flat[straddle], kth[straddle]
+        above = (part > cut).sum(-1, keepdim=True)
+        equal = part == cut
+        chosen = (part > cut) | (equal & (equal.cumsum(-1) <= k - above))
+        index[straddle] = chosen.nonzero()[:, 1].view(-1, k)  # in position order
+    # Largest first; among equal values, the earlier position first.
+    index = index.sort(dim=-1).values
+    order = flat.gather(-1, index).sort(dim=-1, descending=True, stable=True).indices
+    return index.gather(-1, order).reshape(*shape[:-1], k)
 
 
 def top_k(matrix: np.ndarray, k: int = 3, *, causal: bool = False) -> list[TopK]:
@@ -27,7 +81,7 @@ def top_k(matrix: np.ndarray, k: int = 3, *, causal: bool = False) -> list[TopK]
     if k < 1:
         raise ValueError("k must be at least 1")
     k = min(k, matrix.shape[1])
-    order = np.argsort(-matrix, axis=1, kind="stable")[:, :k]
+    order = top_keys(matrix, k)
     return [TopK(query=i, keys=[int(j) for j in row if not (causal and j > i)],
                  weights=[float(matrix[i, j]) for j in row if not (causal and j > i)])
             for i, row in enumerate(order)]

@@ -101,7 +101,9 @@ def _top_entry(row: np.ndarray, tokens: list[str], step: int, position: int, k: 
     """One generated token's strongest keys (ties to the earlier position)."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise UsageError(f"k must be a whole number of at least 1, not {k!r:.40}")
-    order = np.argsort(-row, kind="stable")[:k]
+    from attnviz.analysis.topk import top_keys
+
+    order = top_keys(row, min(k, row.shape[-1]))
     return {"step": step, "position": position, "token": tokens[position],
             "top": [{"key_index": int(j), "key": tokens[int(j)],
                      "weight": round(float(row[j]), 6)} for j in order]}
