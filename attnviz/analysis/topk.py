@@ -52,23 +52,46 @@ def _top_keys_torch(values: torch.Tensor, k: int) -> torch.Tensor:
 
     shape = values.shape
     flat = values.reshape(-1, shape[-1])  # [rows, n]
-    if bool(torch.isnan(flat).any()):  # no order among NaN: a stable sort, as numpy's rule
-        order = torch.argsort(-flat, dim=-1, stable=True)[:, :k]
-        return order.reshape(*shape[:-1], k)
-    top, index = torch.topk(flat, k, dim=-1)  # [rows, k]
-    kth = top[:, -1:]
-    # Rows where values equal to the k-th straddle the cut: keep the earliest of them.
-    straddle = ((flat >= kth).sum(-1) > k).nonzero()[:, 0]
-    if straddle.numel():
-        part, cut = flat[straddle], kth[straddle]
-        above = (part > cut).sum(-1, keepdim=True)
-        equal = part == cut
-        chosen = (part > cut) | (equal & (equal.cumsum(-1) <= k - above))
-        index[straddle] = chosen.nonzero()[:, 1].view(-1, k)  # in position order
+    size = flat.shape[-1]
+    if k >= size:
+        index = torch.arange(size, device=flat.device).expand(flat.shape[0], size)
+    else:
+        # One key more than asked: where it equals the k-th, equal values straddle the cut.
+        top, index = torch.topk(flat, k + 1, dim=-1)  # [rows, k + 1]
+        kth, index = top[:, k - 1:k], index[:, :k]
+        straddle = (top[:, k] == top[:, k - 1]).nonzero()[:, 0]
+        if straddle.numel():  # keep the earliest of the values equal to the k-th
+            index[straddle] = _earliest_ties(flat[straddle], top[straddle, :k],
+                                             index[straddle], kth[straddle])
     # Largest first; among equal values, the earlier position first.
     index = index.sort(dim=-1).values
     order = flat.gather(-1, index).sort(dim=-1, descending=True, stable=True).indices
     return index.gather(-1, order).reshape(*shape[:-1], k)
+
+
+def _earliest_ties(rows: torch.Tensor, top: torch.Tensor, index: torch.Tensor,
+                   cut: torch.Tensor) -> torch.Tensor:
+    """For rows whose values equal to the k-th largest (``cut``) straddle the cut: the
+    positions of every value above the cut, then of the earliest values equal to it.
+
+    Args:
+        rows: ``[r, n]``; ``top``, ``index``: their ``k`` largest values and positions;
+        cut: ``[r, 1]`` the k-th largest value.
+    """
+    import torch
+
+    k = top.shape[-1]
+    size = rows.shape[-1]
+    above = top > cut  # [r, k]: these are chosen whatever the ties
+    count = above.sum(-1, keepdim=True)  # [r, 1]
+    # Above-cut positions first (a stable order keeps them), then the earliest ties: positions
+    # equal to the cut scored by how early they come (exact in float32 up to 2**24 keys).
+    first = index.gather(-1, (~above).to(torch.uint8).sort(dim=-1, stable=True).indices)
+    early = torch.arange(size, 0, -1, device=rows.device, dtype=torch.float32)
+    ties = torch.topk(torch.where(rows == cut, early, 0.0), k, dim=-1).indices  # [r, k]
+    slot = torch.arange(k, device=rows.device)[None, :]  # [1, k]
+    later = ties.gather(-1, (slot - count).clamp(min=0))
+    return torch.where(slot < count, first, later)
 
 
 def top_k(matrix: np.ndarray, k: int = 3, *, causal: bool = False) -> list[TopK]:
