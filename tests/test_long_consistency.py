@@ -176,3 +176,21 @@ def test_sixty_four_thousand_tokens_sum_to_one_in_float32(tmp_path: Path) -> Non
         problem = check_rows(tmp_path, 0, 0, q=q, k=k, lse=lse, dtype="float32",
                              causal=not causal, window=None, scale=scale)
         assert problem is not None and "query 0 in head 0" in problem
+
+
+def test_huge_scores_open_and_a_shift_is_still_found(tmp_path: Path) -> None:
+    """float32 holds a log-sum-exp of 1e5 only to 8e-3, more than the tolerance: a capture
+    with such scores opens (the rounding is allowed for), and a shifted lse is still found."""
+    from attnviz.long import load_long
+
+    rng = np.random.default_rng(5)
+    q = rng.normal(scale=100.0, size=(1, 2, 64, 16)).astype(np.float32)
+    k = rng.normal(scale=100.0, size=(1, 1, 64, 16)).astype(np.float32)
+    folder = write_long(tmp_path / "cap", q, k, scale=4.0)
+    lse = np.load(folder / "lse_000.npy")
+    assert np.abs(lse).max() > 100_000
+    load_long(folder)
+    shifted = _copy(folder, tmp_path / "shifted")
+    np.save(shifted / "lse_000.npy", lse + np.float32(0.5))
+    with pytest.raises(DumpError, match="disagrees"):
+        load_long(shifted)
