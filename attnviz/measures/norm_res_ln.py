@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from attnviz.measures._collect import (
     adapter_for,
+    check_value_path,
     collect,
     layer_parts,
     layers_of,
     per_layer,
     probs64,
-    transformed,
 )
 
 if TYPE_CHECKING:
@@ -47,14 +47,14 @@ def norm_res_ln_layers(model: Any, inputs: dict[str, Any], config: Any) -> list[
     adapter = adapter_for(config, "norm-res-ln")
     records = collect(model, inputs, adapter)
     result = []
-    for layer, record in zip(layers_of(model, adapter), records):
+    for index, (layer, record) in enumerate(zip(layers_of(model, adapter), records)):
         assert record.probs is not None and record.residual is not None
         assert adapter.post_ln
         heads = int(record.probs.shape[1])
         parts = layer_parts(layer, adapter, heads)
         assert parts.ln_weight is not None
         gamma = parts.ln_weight
-        fx = transformed(record, parts, heads)  # [B, H, T, D]
+        fx = check_value_path(record, parts, heads, adapter, index)  # [B, H, T, D]
         probs = probs64(record)  # [B, H, query, key]
         residual = record.residual.to(torch.float64)  # [B, T, D]
         pre = torch.einsum("bhqk,bhkd->bqd", probs, fx) + residual  # the LayerNorm's input
