@@ -13,6 +13,7 @@ by rerunning the whole float64 model with one token's value zeroed.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from attnviz import measures
 from attnviz.errors import ModelLoadError, UsageError
 
 TOL = 1e-5
-IDS = [[5, 17, 42, 8, 9, 23, 61, 7, 3]]
+IDS = [[5, 17, 42, 8, 9, 23, 61]]
 DIFFS: dict[str, float] = {}  # the largest difference / scale per family and measure
 
 COMMON = {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 48,
@@ -133,10 +134,10 @@ def _build(spec: Spec, folder: Path) -> Any:
 class Case:
     """A family's model, its inputs and the float64 numpy pieces the references read."""
 
-    def __init__(self, name: str, spec: Spec, model: Any) -> None:
+    def __init__(self, name: str, spec: Spec, model: Any, ids: list[list[int]] = IDS) -> None:
         self.name, self.spec, self.model, self.config = name, spec, model, model.config
-        ids = torch.tensor(IDS)
-        self.inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        tensor = torch.tensor(ids)
+        self.inputs = {"input_ids": tensor, "attention_mask": torch.ones_like(tensor)}
         with torch.no_grad():
             out = model(**self.inputs, output_hidden_states=True, output_attentions=True)
         self.hidden = [h[0].double().numpy() for h in out.hidden_states]
@@ -396,7 +397,7 @@ def test_value_zeroing_equals_rerunning_the_model(case: Case) -> None:
         return
     got = _compute(case, "value-zeroing")
     model64 = copy.deepcopy(case.model).double()
-    for layer in range(case.layers):
+    for layer in (case.layers - 1,):  # the top layer (its input comes through the one below)
         original = _layer_output(case, model64, layer, None)
         expected = np.zeros((case.tokens, case.tokens))
         for j in range(case.tokens):
@@ -462,8 +463,6 @@ def test_a_value_path_the_adapter_does_not_model_is_an_error_not_a_number(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With OLMo's clip_qkv ignored (as an adapter that did not know it would), the rebuilt
     attention output no longer equals the model's: an error, never a silently wrong number."""
-    import dataclasses
-
     from attnviz.measures import _adapters
 
     model = _tiny("OlmoConfig", "OlmoModel", **DECODER, clip_qkv=0.05, pad_token_id=0)
@@ -480,8 +479,6 @@ def test_a_block_output_the_adapter_does_not_model_is_an_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Gemma 2's RMSNorm on the attention output left out: ALTI's rebuilt block output is
     checked against the model's and refused."""
-    import dataclasses
-
     from attnviz.measures import _adapters
 
     model = _tiny("Gemma2Config", "Gemma2Model", **DECODER, head_dim=8)
@@ -503,6 +500,47 @@ def test_every_adapter_family_is_tested_here() -> None:
 
 
 def dataclasses_equal_but_type(a: Any, b: Any) -> bool:
-    import dataclasses
-
     return dataclasses.replace(a, model_type="") == dataclasses.replace(b, model_type="")
+
+
+def test_the_cli_path_gives_the_reference_numbers(invoke: Any, tmp_path: Path) -> None:
+    """A Gemma 2 folder (with a tokenizer) through ``attnviz dump --measure``: the saved
+    numbers equal the independent reference; a type no adapter knows is one clean line."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from attnviz.capture import load_capture
+    from attnviz.models.hf import bundled_model_path
+    from tests.conftest import SENTENCE
+
+    spec = SPECS["gemma2"]
+    folder = tmp_path / "gemma2"
+    _build(dataclasses.replace(spec, kwargs={**spec.kwargs, "vocab_size": 30522}), folder)
+    AutoTokenizer.from_pretrained(bundled_model_path()).save_pretrained(folder)
+    ids = AutoTokenizer.from_pretrained(folder)(SENTENCE)["input_ids"]
+    model = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    case = Case("gemma2", spec, model, [ids])
+    for name in ("norm", "alti"):
+        result = invoke("dump", SENTENCE, "--model", str(folder), "--measure", name,
+                        "-o", tmp_path / name)
+        assert result.exit_code == 0, result.output
+        saved = load_capture(tmp_path / name)
+        assert saved.measure == name and saved.weights.shape[-1] == len(ids)
+        for layer in range(case.layers):
+            if name == "norm":
+                lengths = np.linalg.norm(case.transformed(layer), axis=-1)
+                expected = case.attn[layer] * lengths[:, None, :]
+            else:
+                vectors, y = case.block(layer)
+                closeness = np.clip(np.abs(y).sum(-1)[:, None]
+                                    - np.abs(y[:, None] - vectors).sum(-1), 0, None)
+                expected = np.broadcast_to(closeness / closeness.sum(-1, keepdims=True),
+                                           case.attn[layer].shape)
+            _record(case, f"cli-{name}", saved.weights[layer].astype(np.float64), expected)
+    neox = tmp_path / "neox"
+    REFUSED["gpt_neox"]().save_pretrained(neox)
+    AutoTokenizer.from_pretrained(bundled_model_path()).save_pretrained(neox)
+    refused = invoke("heads", SENTENCE, "--model", str(neox), "--measure", "norm")
+    output = refused.stdout + refused.stderr
+    assert refused.exit_code == 2, output
+    assert "measure 'norm' is not defined for model type 'gpt_neox'" in output
+    assert "Traceback" not in output and output.count("Error:") == 1
