@@ -544,3 +544,27 @@ def test_the_cli_path_gives_the_reference_numbers(invoke: Any, tmp_path: Path) -
     assert refused.exit_code == 2, output
     assert "measure 'norm' is not defined for model type 'gpt_neox'" in output
     assert "Traceback" not in output and output.count("Error:") == 1
+
+
+def test_the_docs_table_lists_every_supported_type_with_its_measures() -> None:
+    """docs/analysis.md's family table says exactly what the adapters support."""
+    import re
+
+    from attnviz.measures._adapters import ADAPTERS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "analysis.md").read_text("utf-8")
+    header = "| family (block shape) | model types | `norm` | `norm-res-ln` | `alti` | " \
+             "`value-zeroing` |"
+    rows = text[text.index(header):].split("\n\n")[0].splitlines()[2:]
+    listed: dict[str, tuple[str, ...]] = {}
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        works = tuple(name for name, cell in zip(
+            ("norm", "norm-res-ln", "alti", "value-zeroing"), cells[2:]) if cell.startswith("yes"))
+        for kind in re.findall(r"`([^`]+)`", cells[1]):
+            listed[kind] = ("weights", *works)
+    assert listed == {name: adapter.measures for name, adapter in ADAPTERS.items()}
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text("utf-8")
+    for name in ("RoBERTa", "ELECTRA", "Mistral", "Qwen3", "Gemma 2", "Phi-3", "OLMo 2/3",
+                 "Granite", "StableLM", "Mixtral"):
+        assert name in " ".join(readme.split())
