@@ -568,3 +568,13 @@ def test_the_docs_table_lists_every_supported_type_with_its_measures() -> None:
     for name in ("RoBERTa", "ELECTRA", "Mistral", "Qwen3", "Gemma 2", "Phi-3", "OLMo 2/3",
                  "Granite", "StableLM", "Mixtral"):
         assert name in " ".join(readme.split())
+
+
+def test_a_model_of_a_known_type_written_differently_is_an_error() -> None:
+    """A ``mistral`` whose attention has no ``v_proj`` (as remote code might write it)."""
+    model = _tiny("MistralConfig", "MistralModel", **DECODER)
+    for layer in model.layers:
+        layer.self_attn.values = layer.self_attn.v_proj
+        del layer.self_attn.v_proj
+    with pytest.raises(ModelLoadError, match="has no 'self_attn.v_proj'"):
+        measures.compute("norm", model, {"input_ids": torch.tensor(IDS)}, model.config)

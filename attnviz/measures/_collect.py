@@ -143,6 +143,30 @@ def layer_parts(layer: nn.Module, adapter: Adapter, num_heads: int) -> LayerPart
     return parts_
 
 
+def _check_layout(layers: list[nn.Module], adapter: Adapter) -> None:
+    """Every module the adapter reads exists (a model of this type written differently, e.g.
+    by remote code, is an error that says so rather than an AttributeError)."""
+    import torch
+
+    wanted = [adapter.attention, adapter.value, adapter.out_proj]
+    wanted += [name for name in (adapter.layer_norm, adapter.out_norm) if name is not None]
+    for index, layer in enumerate(layers):
+        for name in wanted:
+            try:
+                module = _path(layer, name)
+            except AttributeError:
+                module = None
+            weight = getattr(module, "weight", None)
+            needs_weight = name != adapter.attention
+            if module is None or (needs_weight and not (isinstance(weight, torch.Tensor)
+                                                        and weight.dim() >= 1)):
+                raise ModelLoadError(
+                    f"layer {index} of this {adapter.model_type} model has no '{name}' with "
+                    f"weights, where attnviz's measures expect it for {adapter.model_type} "
+                    "models (a model written differently, e.g. by remote code)",
+                    "use --measure weights (raw attention works for every model)")
+
+
 @dataclass
 class LayerRecord:
     """What one layer saw during the hooked pass (tensors in the model's dtype and device).
@@ -203,6 +227,7 @@ def collect(model: nn.Module, inputs: dict[str, Any], adapter: Adapter,
     import torch
 
     layers = layers_of(model, adapter)
+    _check_layout(layers, adapter)
     records = [LayerRecord() for _ in layers]
     handles: list[Any] = []
 
