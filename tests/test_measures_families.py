@@ -42,8 +42,9 @@ class Spec:
 
     ``pre`` is the norm before the attention: ``rms`` (x / rms * w), ``rms1p`` (Gemma:
     x / rms * (1 + w)), ``ln`` (LayerNorm with weight and bias), ``plain-ln`` (OLMo: no
-    parameters, eps 1e-5), ``none`` (OLMo 2/3) or ``post-ln`` (the encoders: LayerNorm after
-    the residual sum). ``post`` is the RMSNorm on the attention's output before the residual sum.
+    parameters, eps 1e-5), ``ln1p`` (Nemotron: LayerNorm scaled by 1 + w), ``none`` (OLMo 2/3,
+    EXAONE 4) or ``post-ln`` (the encoders: LayerNorm after the residual sum). ``post`` is the
+    RMSNorm on the attention's output before the residual sum (its scale read like ``pre``'s).
     """
 
     config: str
@@ -58,6 +59,7 @@ class Spec:
     multiplier: str | None = None
     clip: str | None = None
     after: str = "post_attention_layernorm"  # its input is the stream after the attention
+    pre_name: str = "input_layernorm"
     prefix: str = "layers.{}."
     measures: tuple[str, ...] = ("norm", "alti", "value-zeroing")
     extra: dict[str, Any] = field(default_factory=dict)
@@ -99,6 +101,26 @@ SPECS: dict[str, Spec] = {
                       "partial_rotary_factor": 0.5}, "ln", eps="layer_norm_eps"),
     "starcoder2": Spec("Starcoder2Config", "Starcoder2Model", {**DECODER, "use_bias": True},
                        "ln", eps="norm_epsilon"),
+    "ministral": Spec("MinistralConfig", "MinistralModel", {**DECODER, "sliding_window": 4,
+                                                           "head_dim": 8},
+                      "rms"),
+    "helium": Spec("HeliumConfig", "HeliumModel", {**DECODER, "head_dim": 8}, "rms"),
+    "smollm3": Spec("SmolLM3Config", "SmolLM3Model", {**DECODER, "pad_token_id": 0}, "rms"),
+    "seed_oss": Spec("SeedOssConfig", "SeedOssModel", {**DECODER, "attention_bias": True,
+                                                     "attention_out_bias": True}, "rms"),
+    "arcee": Spec("ArceeConfig", "ArceeModel", DECODER, "rms"),
+    "hunyuan_v1_dense": Spec("HunYuanDenseV1Config", "HunYuanDenseV1Model",
+                             {**DECODER, "pad_token_id": 0, "head_dim": 8}, "rms"),
+    "glm": Spec("GlmConfig", "GlmModel", {**DECODER, "pad_token_id": 0}, "rms"),
+    "nemotron": Spec("NemotronConfig", "NemotronModel",
+                     {**DECODER, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+                     "ln1p", eps="norm_eps"),
+    "apertus": Spec("ApertusConfig", "ApertusModel", {**DECODER, "pad_token_id": 0}, "rms",
+                    pre_name="attention_layernorm", after="feedforward_layernorm"),
+    "exaone4": Spec("Exaone4Config", "Exaone4Model", {**DECODER, "pad_token_id": 0}, "none",
+                    post="post_attention_layernorm", after="mlp"),
+    "glm4": Spec("Glm4Config", "Glm4Model", {**DECODER, "pad_token_id": 0}, "rms",
+                 post="post_self_attn_layernorm"),
     "mixtral": Spec("MixtralConfig", "MixtralModel",
                     {**DECODER, "num_local_experts": 4, "num_experts_per_tok": 2}, "rms",
                     measures=("norm", "alti")),
@@ -168,13 +190,13 @@ class Case:
         if kind in ("none", "post-ln"):
             return x
         if kind in ("rms", "rms1p"):
-            return self._rms(x, layer, "input_layernorm")
+            return self._rms(x, layer, self.spec.pre_name)
         centred = x - x.mean(-1, keepdims=True)
         if kind == "plain-ln":
             return centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + 1e-5)
         normed = centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + self.eps())
-        return normed * self.p(layer, "input_layernorm.weight") + self.p(
-            layer, "input_layernorm.bias")
+        scale = self.p(layer, self.spec.pre_name + ".weight") + (1.0 if kind == "ln1p" else 0.0)
+        return normed * scale + self.p(layer, self.spec.pre_name + ".bias")
 
     def head_dim(self) -> int:
         return int(getattr(self.config, "head_dim", None)

@@ -7,9 +7,9 @@ attention block. Three block shapes are known:
 
 * **post-LN encoders** (BERT and its relatives): ``y = LN(attention(x) + x)``;
 * **pre-norm decoders** (GPT-2, Llama and the models built like it): ``y = x + attention(N(x))``;
-* **sandwich-norm decoders** (Gemma 2/3, OLMo 2/3): ``y = x + N_out(attention(N_in(x)))``, where
-  ``N_out`` is an RMSNorm on the attention's output before the residual sum (OLMo 2/3 have no
-  ``N_in``).
+* **sandwich-norm decoders** (Gemma 2/3, GLM-4, OLMo 2/3, EXAONE 4):
+  ``y = x + N_out(attention(N_in(x)))``, where ``N_out`` is an RMSNorm on the attention's output
+  before the residual sum (OLMo 2/3 and EXAONE 4 have no ``N_in``).
 
 Details that change only the attention probabilities (rotary or partial rotary positions, q/k
 norms, logit softcapping, sliding windows, query scaling) need nothing: the probabilities are
@@ -115,7 +115,9 @@ _TABLE: list[Adapter] = [
             fused="thirds", conv1d=True, after_attention="ln_2"),
     # pre-RMSNorm decoders with q/k/v/o projections (biases, GQA, q/k norms, sliding windows)
     *(dataclasses.replace(_LLAMA, model_type=name) for name in (
-        "llama", "mistral", "qwen2", "qwen3", "gemma", "starcoder2")),
+        "llama", "mistral", "ministral", "qwen2", "qwen3", "gemma", "starcoder2", "helium",
+        "smollm3", "seed_oss", "arcee", "hunyuan_v1_dense", "glm", "nemotron")),
+    dataclasses.replace(_LLAMA, model_type="apertus", after_attention="feedforward_layernorm"),
     *(dataclasses.replace(_LLAMA, model_type=name, moe=True) for name in (
         "mixtral", "qwen2_moe", "qwen3_moe")),
     dataclasses.replace(_LLAMA, model_type="phi3", value="self_attn.qkv_proj", fused="qkv"),
@@ -124,6 +126,9 @@ _TABLE: list[Adapter] = [
     dataclasses.replace(_LLAMA, model_type="stablelm", parallel="use_parallel_residual"),
     _GEMMA2, dataclasses.replace(_GEMMA2, model_type="gemma3_text"),
     _OLMO2, dataclasses.replace(_OLMO2, model_type="olmo3"),
+    dataclasses.replace(_OLMO2, model_type="exaone4"),
+    dataclasses.replace(_GEMMA2, model_type="glm4", out_norm="post_self_attn_layernorm",
+                        norm_offset=0.0, after_attention="post_attention_layernorm"),
 ]
 ADAPTERS: dict[str, Adapter] = {adapter.model_type: adapter for adapter in _TABLE}
 

@@ -12,8 +12,8 @@ As in the reference: the residual ``x_i`` goes to ``j = i`` alone; each ``z_ij``
 its own mean; ``var`` is the biased variance of the real LayerNorm input (which includes
 ``b_O``); ``b_O`` and LayerNorm's ``beta`` are attributed to no token. The measure is defined per
 layer (the residual is not split among heads): the one ``[query, key]`` matrix is repeated for
-every head. Rows are not normalised. Pre-LN models (GPT-2, Llama) have no LayerNorm after the
-residual sum, so the measure is not defined for them (a UsageError).
+every head. Rows are not normalised. Decoders (GPT-2, Llama, Gemma 2, ...) have no LayerNorm
+after the residual sum, so the measure is not defined for them (a UsageError).
 """
 
 from __future__ import annotations
