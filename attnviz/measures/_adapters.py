@@ -157,10 +157,11 @@ def adapter_for(config: Any, measure: str) -> Adapter:
     adapter = ADAPTERS.get(model_type)
     if adapter is None:
         raise UsageError(
-            f"measure {measure!r} is not defined for model type {model_type!r} (attnviz knows "
-            f"where its value vectors and norms are only for these types): {supported_text()}",
-            "use --measure weights (raw attention works for every model), or one of the "
-            "model types above")
+            f"measure {measure!r} is not defined for model type {model_type!r}: attnviz reads "
+            "the value vectors and norms the measures need only in these model types: "
+            f"{supported_text()}",
+            "use --measure weights (raw attention works for every model), or a model of one of "
+            "the types above (docs/analysis.md: what each measure supports and why)")
     works = measures_for(adapter, config)
     if measure in works:
         return adapter
