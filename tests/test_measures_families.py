@@ -334,6 +334,7 @@ def test_hooked_attention_is_the_models_own_eager_attention(case: Case) -> None:
     for record, attn in zip(records, case.attn):
         assert record.probs is not None
         _record(case, "weights", record.probs[0].double().numpy(), attn)
+        np.testing.assert_array_equal(record.probs[0].double().numpy(), attn)  # exactly
         assert attn[:, -1].max() > 2.5 / case.tokens  # the last query sees every key
 
 
