@@ -142,7 +142,9 @@ def test_the_widget_zooms_to_exact_weights_asked_of_the_kernel(browser: Any, cap
         wait_until(page, f"{SHADOW}.getElementById('long-level').dataset.level === 'atlas'")
         assert page.evaluate(f"{SHADOW}.getElementById('long-level').dataset.block") == "16"
         canvas = page.locator("#view #long-canvas").bounding_box()
-        x, y = canvas["x"] + 110 + 250.5, canvas["y"] + 86 + 420.5
+        plot = page.evaluate("document.getElementById('view').attnvizLong.plot()")
+        x = canvas["x"] + plot["left"] + 0.4 * plot["side"] + 0.5
+        y = canvas["y"] + plot["top"] + 0.7 * plot["side"] + 0.5
         page.mouse.move(x, y)
         for _ in range(6):
             page.mouse.wheel(0, -400)
@@ -198,11 +200,12 @@ def test_keys_outside_a_sliding_window_are_drawn_as_masked(browser: Any,
                       ".setView({x0: 100, y0: 150, span: 40})")
         wait_until(page, f"{SHADOW}.getElementById('long-level').dataset.level === 'exact'")
         box = page.locator("#view #long-canvas").bounding_box()
-        size = 630 / 40  # pixels a token
+        plot = page.evaluate("document.getElementById('view').attnvizLong.plot()")
+        size = plot["side"] / 40  # pixels a token
 
         def at(q: int, k: int) -> tuple[float, float]:
-            return (box["x"] + 110 + (k - 100 + 0.5) * size,
-                    box["y"] + 86 + (q - 150 + 0.5) * size)
+            return (box["x"] + plot["left"] + (k - 100 + 0.5) * size,
+                    box["y"] + plot["top"] + (q - 150 + 0.5) * size)
 
         # queries 150..189, keys 100..139: a query sees its last 16 keys (q - k < 16)
         for q, k, hidden in ((150, 139, False), (152, 137, False), (150, 135, False),
@@ -218,9 +221,12 @@ def test_keys_outside_a_sliding_window_are_drawn_as_masked(browser: Any,
             x, y = at(q, k)
             pixel = page.evaluate(
                 f"(() => {{ const c = {SHADOW}.getElementById('long-canvas'); "
-                "const r = c.getBoundingClientRect(); return Array.from(c.getContext('2d')"
-                f".getImageData({x} - r.left, {y} - r.top, 1, 1).data.slice(0, 3)); }})()")
+                "const r = c.getBoundingClientRect(); const d = window.devicePixelRatio; "
+                "return Array.from(c.getContext('2d')"
+                f".getImageData(({x} - r.left - c.clientLeft) * d, ({y} - r.top - c.clientTop) "
+                "* d, 1, 1).data.slice(0, 3)); })()")
             assert (pixel == [232, 233, 236]) == hidden
     finally:
         context.close()
     assert errors == []
+

@@ -80,10 +80,22 @@ def long_page(*, title: str, generator: str, source: str, style: str, data: str,
         style=style, body=long_body(title), data=data, script=script)
 
 
+def colour_script() -> str:
+    """The colour part of ``report.js`` (viridis and the command line's colour scales: every
+    top-level definition before ``attnvizMount``), which the long view paints with too."""
+    script = asset("report.js")
+    return script[:script.index("function attnvizMount(")]
+
+
+def long_script() -> str:
+    """The long view's whole script: :func:`colour_script` then ``long.js``."""
+    return colour_script() + "\n" + asset("long.js")
+
+
 def long_module() -> str:
-    """``long.js`` as an ES module exporting ``mount`` and ``offlineSource`` (the notebook
-    widget mounts it in a shadow root holding :func:`long_body` and ``long.css``)."""
-    return (asset("long.js") + "\nexport { attnvizLongMount as mount, "
+    """:func:`long_script` as an ES module exporting ``mount`` and ``offlineSource`` (the
+    notebook widget mounts it in a shadow root holding :func:`long_body` and ``long.css``)."""
+    return (long_script() + "\nexport { attnvizLongMount as mount, "
             "attnvizLongOfflineSource as offlineSource };\n")
 
 
@@ -270,7 +282,7 @@ def _sha256(text: str) -> str:
 
 def render_long_html(data: dict[str, Any]) -> str:
     """The complete offline document for :func:`long_report_data`'s data."""
-    script = asset("long.js")
+    script = long_script()
     style = asset("long.css")
     csp = ("default-src 'none'; "
            f"script-src '{_sha256(script)}'; style-src '{_sha256(style)}'; "
