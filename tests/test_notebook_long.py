@@ -230,3 +230,73 @@ def test_keys_outside_a_sliding_window_are_drawn_as_masked(browser: Any,
         context.close()
     assert errors == []
 
+
+def test_a_saved_notebook_keeps_a_static_copy_of_the_view(cap: Any) -> None:
+    """The widget's bundle carries the offline long report as its text/html (what a notebook
+    reopened without the kernel, or with one but no widget state, shows), keyed to the view
+    so the live widget hides it while it is on the page."""
+    import html
+    import re
+
+    from attnviz.render.long_html import read_long_report
+
+    view = show_long(cap)
+    data, _metadata = view._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in data
+    copy = data["text/html"]
+    assert f'data-attnviz-static="{view._view_key}"' in copy
+    assert f'[data-attnviz-live="{view._view_key}"]' in copy  # the style sheet that hides it
+    assert 'data-attnviz-live' in view._esm and "_view_key" in view._esm
+    document = html.unescape(re.search(r'srcdoc="([^"]*)"', copy).group(1))
+    report = read_long_report(document)
+    assert report["num_tokens"] == TOKENS
+    levels = {level["block"]: level for level in report["atlas"]["levels"]}
+    from attnviz.render.long_html import unpack_level
+
+    finest = min(levels)
+    sums, maxes = unpack_level(levels[finest]["heads"]["0"]["1"], levels[finest]["n"])
+    np.testing.assert_allclose(sums, cap.atlas(0, 1, finest)[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(maxes, cap.atlas(0, 1, finest)[1], rtol=1e-6, atol=1e-7)
+    assert '<img alt="' in copy and "Trust Notebook" in copy  # where frames are stripped
+    assert view.static_html() is view.static_html()  # made once
+
+
+@pytest.mark.slow
+def test_the_static_copy_shows_the_view_with_no_kernel_and_no_network(
+        browser: Any, cap: Any, tmp_path: Path) -> None:
+    view = show_long(cap)
+    page_file = tmp_path / "saved.html"
+    page_file.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'><title>saved</title>"
+                         "</head><body>" + view.static_html() + "</body></html>",
+                         encoding="utf-8")
+    context = browser.new_context(viewport={"width": 1100, "height": 1000})
+    page = context.new_page()
+    outside: list[str] = []
+    errors: list[str] = []
+    watch(context, page, [page_file.as_uri(), "about:", "data:"], outside, errors,
+          requests=True)
+    try:
+        page.goto(page_file.as_uri())
+        wait_until(page, "document.querySelector('iframe') !== null")
+        frame = page.frames[1]
+        wait_until(frame, "document.documentElement.dataset.longReady === '1'")
+        wait_until(frame, "document.getElementById('long-level').dataset.level === 'atlas' "
+                          "&& !document.getElementById('long-legend').hidden")
+        block = int(frame.evaluate("document.getElementById('long-level').dataset.block"))
+        box = page.locator("iframe").bounding_box()
+        canvas = frame.locator("#long-canvas").bounding_box()
+        plot = frame.evaluate("window.attnvizLong.plot()")
+        assert box is not None and canvas is not None
+        page.mouse.move(canvas["x"] + plot["left"] + 0.3 * plot["side"] + 0.5,
+                        canvas["y"] + plot["top"] + 0.8 * plot["side"] + 0.5)
+        shown = frame.evaluate("Object.assign({}, document.getElementById('long-readout')"
+                               ".dataset)")
+        assert shown["kind"] == "atlas" and int(shown["block"]) == block
+        sums, maxes = cap.atlas(0, 0, block)
+        row, col = int(shown["row"]), int(shown["col"])
+        assert float(shown["max"]) == pytest.approx(float(maxes[row, col]), rel=1e-6,
+                                                    abs=1e-7)
+        wait_until(frame, "document.getElementById('long-stats').rows.length === 5")
+    finally:
+        context.close()
+    assert outside == [] and errors == []
