@@ -234,7 +234,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
 
 
 def _open_report(browser: Any, path: Path, *, width: int = 1400, height: int = 1000,
-                 dpr: float = 1) -> tuple[Any, Any, list[str], list[str]]:
+                 dpr: float = 1, level: str = "atlas") -> tuple[Any, Any, list[str], list[str]]:
     context = browser.new_context(viewport={"width": width, "height": height},
                                   device_scale_factor=dpr)
     page = context.new_page()
@@ -243,7 +243,7 @@ def _open_report(browser: Any, path: Path, *, width: int = 1400, height: int = 1
     watch(context, page, [path.resolve().as_uri()], outside, errors, requests=True)
     page.goto(path.resolve().as_uri())
     wait_until(page, "document.documentElement.dataset.longReady === '1'", timeout_s=60)
-    wait_until(page, "document.getElementById('long-level').dataset.level === 'atlas' && "
+    wait_until(page, f"document.getElementById('long-level').dataset.level === '{level}' && "
                      "window.attnvizLong.scale().basis === 'head'", timeout_s=60)
     return context, page, outside, errors
 
@@ -402,6 +402,61 @@ def test_offline_canvas_follows_its_window_and_pixel_ratio(browser: Any,
         assert after["q"] != before["q"]
         page.mouse.move(1, 1)
         assert _readout(page) == {}
+    finally:
+        context.close()
+    assert outside == [] and errors == []
+
+
+def test_a_short_text_opens_at_its_exact_cells_with_values(browser: Any,
+                                                           tmp_path: Path) -> None:
+    """A 13-token capture's report carries its weights: the view opens on exact cells, each
+    weight written in its cell and shown on hover equal to the capture's, future keys masked,
+    the legend on the head's maximum, zoom down to 4 tokens, every head and the mean."""
+    from attnviz.long import capture_long, load_long
+    from attnviz.models.hf import HFSource
+    from attnviz.render.long_html import write_long_report
+
+    model = build_tiny_llama(tmp_path / "llama", positions=64)
+    capture_long(HFSource(str(model), device="cpu"),
+                 "the cat sat on the mat because it was warm.", folder=tmp_path / "cap").close()
+    cap = load_long(tmp_path / "cap")
+    T = cap.num_tokens
+    assert 10 <= T <= 16
+    path = write_long_report(cap, tmp_path / "short.html")
+    context, page, outside, errors = _open_report(browser, path, width=1280, height=900,
+                                                  level="exact")
+    try:
+        assert page.evaluate("window.attnvizLong.view()") == {"x0": 0, "y0": 0, "span": T}
+        assert page.evaluate("window.attnvizLong.bounds()") == {"minSpan": 4, "maxSpan": T}
+        plot = _plot(page)
+        view = page.evaluate("window.attnvizLong.view()")
+        for head in ("0", "3", "mean"):
+            page.select_option("#long-head", head)
+            wait_until(page, "document.getElementById('long-level').dataset.level === 'exact' "
+                             "&& window.attnvizLong.scale().basis === 'head'")
+            which = head if head == "mean" else int(head)
+            weights = cap.tile(0, which, 0, T, 0, T)
+            legend = page.evaluate("document.getElementById('long-legend').dataset.top")
+            assert float(legend) == pytest.approx(float(weights.max()), rel=1e-6)
+            for q, k in ((0, 0), (5, 2), (T - 1, 3), (4, 9)):
+                page.mouse.move(plot["x"] + (k + 0.5) / T * plot["side"],
+                                plot["y"] + (q + 0.5) / T * plot["side"])
+                shown = _readout(page)
+                assert (shown["kind"], int(shown["q"]), int(shown["k"])) == ("exact", q, k)
+                assert float(shown["value"]) == pytest.approx(float(weights[q, k]), abs=1e-7)
+                assert shown["masked"] == ("1" if k > q else "0")
+                assert (_pixel(page, plot, view, q, k) == MASKED) == (k > q)
+        # the weights are written in their cells (the canvas draws them; a cell's pixels
+        # hold more than one colour where text is)
+        page.select_option("#long-head", "0")
+        cell = page.evaluate(
+            "([x, y, s]) => { const d = document.getElementById('long-canvas').getContext('2d')"
+            ".getImageData(x, y, s, s).data; const seen = new Set(); for (let i = 0; i < "
+            "d.length; i += 4) seen.add(d[i] + ',' + d[i + 1] + ',' + d[i + 2]); "
+            "return seen.size; }",
+            [int(plot["left"] + 2), int(plot["top"] + 2 + plot["side"] / T * 5),
+             int(plot["side"] / T) - 4])
+        assert cell > 2
     finally:
         context.close()
     assert outside == [] and errors == []

@@ -105,9 +105,23 @@ function attnvizLongOfflineSource(data) {
     return new Float32Array(await new Response(stream).arrayBuffer());
   }
 
+  // A report of a short capture carries every head's whole matrix ("exact"): tiles are cut
+  // from it, so the view reaches exact cells with their values as at the server.
+  const matrices = new Map();
+  async function matrix(layer, head) {
+    const key = layer + "/" + head;
+    if (!matrices.has(key)) {
+      const entry = data.exact[String(layer)] && data.exact[String(layer)][String(head)];
+      if (!entry) throw new Error("the report holds no weights for layer " + layer + ", head " + head);
+      matrices.set(key, inflate(entry));
+    }
+    return matrices.get(key);
+  }
+
   function offline(data) {
     return {
-      exact: false,
+      exact: Boolean(data.exact),
+      local: true, // every level is here: asking costs nothing
       async info() { return data; },
       async atlas(layer, head, block) {
         const level = data.atlas.levels.find((l) => l.block === block);
@@ -118,7 +132,13 @@ function attnvizLongOfflineSource(data) {
         const n = level.n;
         return { n, sums: values.subarray(0, n * n), maxes: values.subarray(n * n) };
       },
-      tile() { return Promise.resolve(null); },
+      async tile(layer, head, q0, q1, k0, k1) {
+        if (!data.exact) return null;
+        const T = data.num_tokens, all = await matrix(layer, head);
+        const out = new Float32Array((q1 - q0) * (k1 - k0));
+        for (let q = q0; q < q1; q++) out.set(all.subarray(q * T + k0, q * T + k1), (q - q0) * (k1 - k0));
+        return out;
+      },
       async stats() { return { stats: data.stats, sinks: data.sinks }; },
     };
   }
@@ -130,6 +150,7 @@ function attnvizLongMount(root, source, host) {
   const MARGIN_LEFT = 110; // CSS pixels left of the map (query labels)
   const MARGIN_TOP = 86; // CSS pixels above it (key labels)
   const LABEL_PX = 11; // a token row must be this many CSS pixels high for its label
+  const VALUE_PX = 30; // an exact cell must be this many CSS pixels wide for its value
   const MIN_SPAN = 4; // tokens across at the deepest zoom into exact weights
   const MIN_BLOCKS = 4; // blocks across at the deepest zoom into an atlas level (no exact data)
   const MIN_SIDE = 160; // the map's side, CSS pixels, at the least
@@ -319,7 +340,7 @@ function attnvizLongMount(root, source, host) {
     const key = state.layer + "/" + state.head;
     if (state.headMax.has(key)) return state.headMax.get(key);
     const coarsest = Math.max(...state.meta.atlas.blocks);
-    if (!source.exact || (state.stats && state.head !== "mean")) atlasGrid(coarsest);
+    if (source.local || (state.stats && state.head !== "mean")) atlasGrid(coarsest);
     return null;
   }
 
@@ -393,6 +414,7 @@ function attnvizLongMount(root, source, host) {
     else state.resolved = null;
     ctx.setTransform(state.dpr, 0, 0, state.dpr, 0, 0);
     mark(view);
+    if (grid && grid.kind === "exact") values(grid, view, plotSize());
     labels(view, plotSize());
     describe(grid, view);
     legend();
@@ -457,6 +479,31 @@ function attnvizLongMount(root, source, host) {
     const h = Math.max(1, 1 / tpp);
     if (y + h >= MARGIN_TOP && y <= MARGIN_TOP + S) ctx.strokeRect(MARGIN_LEFT, y, S, h);
     if (x + h >= MARGIN_LEFT && x <= MARGIN_LEFT + S) ctx.strokeRect(x, MARGIN_TOP, h, S);
+  }
+
+  // Each exact cell's weight written in it, once cells are wide enough to hold it (as the
+  // command line's figures annotate a short text), in a colour that reads on the cell.
+  function values(grid, view, S) {
+    const px = S / view.span;
+    if (px < VALUE_PX || !state.resolved) return;
+    ctx.font = `${Math.min(12, Math.floor(px / 3.2))}px system-ui, sans-serif`;
+    ctx.textAlign = "center";
+    ctx.textBaseline = "middle";
+    const T = state.meta.num_tokens;
+    const q1 = Math.min(T, Math.ceil(view.y0 + view.span)), k1 = Math.min(T, Math.ceil(view.x0 + view.span));
+    for (let q = Math.floor(view.y0); q < q1; q++) {
+      for (let k = Math.floor(view.x0); k < k1; k++) {
+        const r = q - grid.r0, c = k - grid.c0;
+        if (r < 0 || c < 0 || r >= grid.rows || c >= grid.cols || masked(grid, r, c)) continue;
+        const v = cellValue(grid, r, c);
+        const bin = 3 * attnvizScaleBin(attnvizScaleUnit(state.resolved, v));
+        const light = 0.299 * ATTNVIZ_VIRIDIS[bin] + 0.587 * ATTNVIZ_VIRIDIS[bin + 1] +
+          0.114 * ATTNVIZ_VIRIDIS[bin + 2];
+        ctx.fillStyle = light > 140 ? "#1d2127" : "#ffffff";
+        ctx.fillText(attnvizFormatWeight(v), MARGIN_LEFT + (k + 0.5 - view.x0) * px,
+                     MARGIN_TOP + (q + 0.5 - view.y0) * px);
+      }
+    }
   }
 
   function short(token) {
