@@ -91,11 +91,14 @@ const LONG_STYLE = %(style)s;
 const LONG_BODY = %(body)s;
 
 // The kernel answers the view's requests: each message carries a number, the answer names it.
-function kernelSource(model) {
+// `alive` runs at the first answer: only then is the widget live (a widget restored from saved
+// state, with no kernel object behind it, never hears back, and its static copy stays shown).
+function kernelSource(model, alive) {
   let next = 0;
   const waiting = new Map();
   const listener = (msg, buffers) => {
     if (!msg || msg.kind !== "answer" || !waiting.has(msg.request)) return;
+    alive();
     const wait = waiting.get(msg.request);
     waiting.delete(msg.request);
     if (msg.error) wait.reject(new Error(msg.error));
@@ -131,8 +134,6 @@ function kernelSource(model) {
 }
 
 function render({ model, el }) {
-  // While this is on the page, the view's static copy (the next output) hides itself.
-  el.setAttribute("data-attnviz-live", model.get("_view_key") || "");
   const shadow = el.shadowRoot || el.attachShadow({ mode: "open" });
   const style = document.createElement("style");
   style.textContent = LONG_STYLE;
@@ -140,9 +141,24 @@ function render({ model, el }) {
   box.className = "attnviz-long";
   box.innerHTML = LONG_BODY; // the package's own static markup; data goes in as text only
   shadow.replaceChildren(style, box);
-  const source = kernelSource(model);
+  // Once the kernel answers, the view's static copy (the next output) hides itself.
+  let live = false;
+  const source = kernelSource(model, () => {
+    if (live) return;
+    live = true;
+    el.setAttribute("data-attnviz-live", model.get("_view_key") || "");
+    shadow.getElementById("long-error").hidden = true;
+  });
   el.attnvizLong = attnvizLongMount(shadow, source, el);
+  const silent = setTimeout(() => {
+    if (live) return;
+    const box = shadow.getElementById("long-error");
+    box.textContent = "No answer from the kernel: this view asks the kernel that made it for " +
+      "its data. Run the cell again; the saved copy of the view shows meanwhile.";
+    box.hidden = false;
+  }, 8000);
   return () => {
+    clearTimeout(silent);
     model.off("msg:custom", source.listener);
     el.removeAttribute("data-attnviz-live");
   };
@@ -259,10 +275,12 @@ class LongAttentionView(anywidget.AnyWidget):
             data, metadata = self._repr_mimebundle_(**kwargs)
             display(data, metadata=metadata, raw=True)
             return
+        # made before the widget is shown: anything printed while it is made (a warning)
+        # would otherwise fall between the two outputs, which must be neighbours
+        copy = self.static_html()
         data, metadata = bundle
         display(data, metadata=metadata, raw=True)
-        display({"text/html": self.static_html(),
-                 "text/plain": f"(static copy of {self!r})"}, raw=True)
+        display({"text/html": copy, "text/plain": f"(static copy of {self!r})"}, raw=True)
 
     def _bound(self, count: int, what: str) -> None:
         if count > self._max_values:

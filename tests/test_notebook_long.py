@@ -159,6 +159,8 @@ def test_the_widget_zooms_to_exact_weights_asked_of_the_kernel(browser: Any, cap
         assert q >= k and value > 0
         assert float(shown["value"]) == pytest.approx(value, abs=1e-6)
         assert {"atlas", "tile", "stats"} <= set(asked)
+        # the kernel answered: the widget is live (its static copy hides itself)
+        assert page.evaluate("document.getElementById('view').hasAttribute('data-attnviz-live')")
         wait_until(page, f"{SHADOW}.getElementById('long-stats').rows.length === 5")  # 4 heads
     finally:
         context.close()
