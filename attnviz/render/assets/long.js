@@ -917,7 +917,7 @@ function attnvizLongMount(root, source, host) {
   async function start() {
     const meta = await source.info();
     state.meta = meta;
-    $("long-info").textContent = `${meta.model} \u00b7 ${meta.num_tokens.toLocaleString()} tokens \u00b7 ` +
+    $("long-info").textContent = `${meta.model_label || meta.model} \u00b7 ${meta.num_tokens.toLocaleString()} tokens \u00b7 ` +
       `${meta.num_layers} layers \u00d7 ${meta.num_heads} heads` + (meta.causal ? " \u00b7 causal" : "") +
       (meta.window ? ` \u00b7 window ${meta.window}` : "") +
       (source.exact ? "" : ` \u00b7 offline report: atlas down to ${finestBlock()}-token blocks`);
