@@ -173,6 +173,11 @@ class Capture:
         """1: every weight is at hand (the atlas at block 1 is the matrix)."""
         return 1
 
+    @property
+    def prepared_block(self) -> int | None:
+        """1: every atlas block is answered from the array, with no pass to prepare."""
+        return 1
+
     def window_of(self, layer: int) -> int | None:
         """The sliding window of ``layer``: none is recorded in a materialised capture (its
         masked weights are zeros in the array)."""

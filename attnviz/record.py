@@ -84,6 +84,13 @@ class AttentionRecord(Protocol):
     def finest_block(self) -> int: ...
 
     @property
+    def prepared_block(self) -> int | None:
+        """The finest atlas block answered from what the record holds, with no pass over a
+        head (1 where every weight is at hand; after :meth:`prepare`, its block), or
+        ``None``."""
+        ...
+
+    @property
     def title_start(self) -> str: ...
 
     @property

@@ -323,6 +323,12 @@ class LongCapture:
         """The smallest atlas block answered (weights are computed on demand)."""
         return MIN_BLOCK
 
+    @property
+    def prepared_block(self) -> int | None:
+        """The block of the atlas :meth:`summarise` kept (coarser levels are pooled from it
+        with no pass over a head), or ``None`` before it ran."""
+        return None if self._summary is None else int(self._summary.block)
+
     def window_of(self, layer: int) -> int | None:
         """The sliding window of ``layer``, or ``None``."""
         return self.windows[self._layer(layer)]

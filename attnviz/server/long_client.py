@@ -208,6 +208,11 @@ class RemoteLongCapture(LongCapture):
                          "are not sent", "run attnviz dump --long on the server's machine, or "
                          "leave out --server")
 
+    @property
+    def prepared_block(self) -> int | None:
+        """None: every atlas is asked of the server."""
+        return None
+
     def prepare(self, *, block: int | None = None, k: int = 0) -> None:
         """Nothing to compute here: the server answers each question (from its own pass)."""
 

@@ -178,8 +178,8 @@ class AtlasCache:
         # view asks for first), a single head's level at the summary's block or coarser is
         # pooled from it, with no pass over the head (the view's fixed colour scale needs the
         # head's maximum while it shows exact tiles).
-        held = getattr(cap, "_summary", None)
-        if held is not None and not isinstance(head, str) and block >= int(held.block):
+        held = cap.prepared_block
+        if held is not None and not isinstance(head, str) and block >= held:
             return cap.atlas(layer, head, block)
         from attnviz.selection import resolve_index
 
