@@ -337,8 +337,7 @@ class LongPath:
 
         layer_list = (parse_selection(layer_text, source.num_layers, "layer")
                       if layer_text else None)
-        if folder is None:
-            self._remove_stale_long_folders()
+        self._remove_stale_long_folders()  # what killed long commands left in $TMPDIR
         with self._forward_lock(spec):
             cap = capture_long(source, text, pair=pair, layers=layer_list,
                                max_tokens=max_tokens, dtype=dtype, folder=folder,
@@ -361,8 +360,8 @@ class LongPath:
         folders, size = remove_stale_long_folders()
         if folders:
             self._note(f"removed {folders} temporary long-capture folder"
-                       f"{'s' if folders > 1 else ''} ({size_text(size)}) that ended "
-                       f"attnviz processes left in {tempfile.gettempdir()}")
+                       f"{'s' if folders > 1 else ''} ({size_text(size)}) left in "
+                       f"{tempfile.gettempdir()} by attnviz processes that were killed")
 
     # ------------------------------------------------------------------ reading
     @staticmethod

@@ -134,6 +134,33 @@ def test_a_failed_text_keeps_its_earlier_export(monkeypatch: pytest.MonkeyPatch,
     assert _staging(out) == []
 
 
+def test_a_distributed_part_interrupted_keeps_the_earlier_export(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A Ray worker's share (Exporter.export_part) writes through the same code."""
+    from attnviz.export.exporter import Exporter
+    from attnviz.export.plan import ExportProgress
+
+    out = tmp_path / "out"
+    export_items(_items(TEXTS[:2]), out, ExportOptions(jobs=1), spec=_spec())
+    before = _snapshot(out)
+    exporter = Exporter(out, ExportOptions(jobs=1, force=True), spec=_spec(), max_tokens=None,
+                        truncate=True, use_cache=False, progress=ExportProgress())
+    real_write = draw_module._write
+    calls = {"n": 0}
+
+    def interrupted(path: Path, data: bytes) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        real_write(path, data)
+
+    monkeypatch.setattr(draw_module, "_write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        exporter.export_part(list(enumerate(_items(TEXTS[:2]), start=1)))
+    assert _snapshot(out) == before
+    assert _staging(out) == []
+
+
 # --------------------------------------------------------------------------- real signals
 def _export(*args: object) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-c", "from attnviz.cli import main; main()", "export",

@@ -394,7 +394,7 @@ class Exporter:
         try:
             done, kept, error = drawn(pending.futures, self.progress.advance)
         except BaseException:
-            drop_staging(pending.folder, pending.work)
+            self._pending.appendleft(pending)  # its staging goes once the workers are ended
             raise
         pending.written += done
         pending.existing += kept

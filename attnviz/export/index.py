@@ -170,7 +170,8 @@ def read_index_entries(path: Path) -> Iterator[dict[str, Any]]:
     nothing for a file that is missing, a link, or not an attnviz export index."""
     import stat
 
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    # Not waiting: a FIFO planted as index.json is refused, never waited on.
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)
     except OSError:
