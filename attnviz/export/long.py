@@ -14,8 +14,10 @@ streamed passes rather than ``layers x heads`` full-size figures::
             export.json               this folder's manifest; ``"complete": true`` once done
 
 Texts are captured and written one at a time (each long capture is closed before the next),
-so memory stays that of one capture. Folder names, the lock, atomic writes and the index are
-those of :mod:`attnviz.export`.
+so memory stays that of one capture. Folder names, the lock, atomic writes, the index, the
+resume (a text complete from an earlier run with the same settings is skipped; ``--force``
+redraws) and the replacing of an earlier export only once the new one is complete are those of
+:mod:`attnviz.export` (:mod:`~attnviz.export.write`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from attnviz.errors import AttnvizError, InputError, OutputError, UsageError
 from attnviz.export.plan import ExportItem, ExportOptions, ExportProgress, ExportSummary
+from attnviz.export.write import LONG_FILES
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
@@ -37,8 +40,6 @@ if TYPE_CHECKING:
     from attnviz.long import LongCapture
     from attnviz.request import CaptureRequest
     from attnviz.session import Session
-
-from attnviz.export.write import LONG_FILES
 
 HEADS_CSV, SINKS_JSON = LONG_FILES
 

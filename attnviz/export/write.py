@@ -1,8 +1,10 @@
 """Export: a text folder's files, export.json, resume, and the output folder's lock.
 
 Names of every file an export writes, reading and writing them without following links,
-the manifest that says whether a folder is complete (and with which settings), and the lock
-that lets one export at a time write to OUT_DIR (the local and the Ray engine both hold it).
+the manifest that says whether a folder is complete (and with which settings), the staging
+folder that keeps an earlier export whole until its replacement is complete (every exporter:
+local, Ray's workers, ``--long``), and the lock that lets one export at a time write to
+OUT_DIR (the local and the Ray engine both hold it).
 """
 
 from __future__ import annotations
