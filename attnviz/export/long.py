@@ -22,6 +22,7 @@ redraws) and the replacing of an earlier export only once the new one is complet
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -151,18 +152,26 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
                          summary, progress, index)
                 except _Failed as failed:
                     error = failed.error
-                    if (isinstance(error, OutputError) and not isinstance(error, LinkError)) or (
-                            isinstance(error, UsageError) and not isinstance(error, InputError)
-                            and item.dump is None):
+                    stop = (isinstance(error, OutputError) and not isinstance(error, LinkError))
+                    if stop or (isinstance(error, UsageError) and not isinstance(error, InputError)
+                                and item.dump is None):
+                        if stop and failed.name is not None:  # the index says where it stopped
+                            summary.add_failure(label, error.message)
+                            with contextlib.suppress(OSError):  # its scratch file: same disk
+                                index.add(failed_entry(number, item, error.message,
+                                                       folder=failed.name))
                         raise error from None  # fits no text (or nothing can be written):
                         # stop; a link in one text's folder fails that text only
                     summary.add_failure(label, error.message)
                     index.add(failed_entry(number, item, error.message, folder=failed.name))
                     progress.end_text(label, "failed", error.message)
         except BaseException:
-            if index.count:
-                summary.seconds = time.perf_counter() - started
-                index.finish(index_header(summary, settings, {"name": request.spec.name}))
+            summary.seconds = time.perf_counter() - started
+            if index.count:  # what was done (and where it stopped) stays listed
+                try:
+                    index.finish(index_header(summary, settings, {"name": request.spec.name}))
+                except (AttnvizError, OSError):  # a full disk may not hold the index either
+                    index.discard()
             else:
                 index.discard()
             raise
@@ -236,13 +245,16 @@ def _one(number: int, item: ExportItem, label: str, out_dir: Path, options: Expo
             clean_temporaries(folder)
         work = staging_folder(folder, out_dir, resume=False)
         try:
-            files = write_text(cap, work, options)
             manifest = {"format": MANIFEST_FORMAT, "format_version": 1,
-                        "complete": True, "long": True, "settings": full_settings,
+                        "complete": False, "long": True, "settings": full_settings,
                         "origin": item.origin, "id": item.id, "text": text,
                         "pair": pair, "model": cap.model,
                         "num_tokens": cap.num_tokens, "layers": list(cap.layers),
-                        "heads": list(range(cap.num_heads)), "files": files}
+                        "heads": list(range(cap.num_heads)), "files": []}
+            # The folder is described (not complete) before its first file.
+            write_json(work / MANIFEST, manifest)
+            files = write_text(cap, work, options)
+            manifest = {**manifest, "complete": True, "files": files}
             with signals_held():  # files, manifest and index entry together
                 replace_outputs(folder, work, files, out_dir)
                 write_json(folder / MANIFEST, manifest)
