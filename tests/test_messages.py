@@ -1,5 +1,7 @@
 """Messages give advice that works: the command or numbers they suggest succeed, they count
-what the request needs, and each thing is said once."""
+what the request needs, and each thing is said once; a full disk is said one way everywhere;
+labels and figures name and show what is there (a model by its folder, help that wraps
+cleanly, masked cells and the values of a long input's window)."""
 
 from __future__ import annotations
 
