@@ -156,7 +156,7 @@ def rollout_command(
         raise UsageError(f"--npy {npy} must end in .npy")
     check_output(npy, "--npy")
     check_distinct_outputs(out=out, bar=bar)  # before any work; the defaults again below
-    from attnviz.analysis.flow import check_flow_request, flow_view
+    from attnviz.analysis.flow import check_flow_text, flow_view
     from attnviz.analysis.rollout import RESIDUAL_INSIDE, rollout_view, save_matrix
     from attnviz.render import analysis as figures
     from attnviz.render.heatmap import check_cmap, save_figure
@@ -165,8 +165,10 @@ def rollout_command(
     # --start-layer is checked against the model's config before it loads.
     request = options.request(start_layer=start_layer)
     if method is MethodChoice.flow:  # counted by the tokenizer alone, before the model loads
-        check_flow_request(request, max_flow_tokens, exclude_special=exclude_special,
-                           words=words)
+        check_flow_text(request.model, None if request.from_path else request.text,
+                        request.pair, max_tokens=request.max_tokens, truncate=request.truncate,
+                        max_flow_tokens=max_flow_tokens, exclude_special=exclude_special,
+                        words=words)
     capture = session().run_full(request)
     view = view_of(capture, exclude_special=exclude_special, words=words)
     if method is MethodChoice.flow:
