@@ -23,8 +23,8 @@ LONG_MODULES: dict[str, str] = {}
 # below (the longest matching prefix names a module's floor).
 FLOORS: dict[str, int] = {
     "attnviz.errors": 0, "attnviz._version": 0, "attnviz.selection": 0, "attnviz.inputs": 0,
-    "attnviz.csvtext": 0, "attnviz.checks": 0, "attnviz.diskfull": 0,
-    "attnviz.fileio": 1,
+    "attnviz.csvtext": 0, "attnviz.checks": 0,
+    "attnviz.fileio": 1, "attnviz.diskfull": 1,
     "attnviz.capture": 2, "attnviz.capture_format": 2, "attnviz.capture_build": 2,
     "attnviz.capture_files": 2,
     "attnviz.models": 3, "attnviz.analysis": 3, "attnviz.measures": 3, "attnviz.long": 3,

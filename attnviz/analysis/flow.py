@@ -21,8 +21,6 @@ it.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from attnviz.analysis.rollout import RolloutResult, layer_matrices, rollout_view
@@ -48,31 +46,6 @@ def check_flow_size(tokens: int, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
             f"{max_tokens} tokens (--max-flow-tokens)",
             f"shorten the text (--max-tokens {max_tokens}), raise --max-flow-tokens (at most "
             f"{MAX_TOKENS_LIMIT}), or use --method rollout")
-
-
-def check_flow_text(model: Any, text: str | None, pair: str | None = None, *,
-                    max_tokens: int | None = None, truncate: bool = True,
-                    max_flow_tokens: int = DEFAULT_MAX_TOKENS, exclude_special: bool = False,
-                    words: bool = False) -> None:
-    """Refuse a text over ``max_flow_tokens`` before its model loads: the model's tokenizer
-    alone counts it (:func:`attnviz.models.count_tokens`), after ``max_tokens`` cuts it (with
-    ``truncate``). No text (a saved capture, standard input), the toy model, ``words`` (merged
-    pieces: fewer rows) or a tokenizer that cannot be loaded alone are left to
-    :func:`flow_view`, which checks the view itself.
-
-    Raises:
-        UsageError: more tokens than ``max_flow_tokens``.
-    """
-    if text is None or words:
-        return
-    from attnviz.models import count_tokens
-
-    count = count_tokens(model, text, pair, special=not exclude_special)
-    if count is None:
-        return
-    if max_tokens is not None and truncate:
-        count = min(count, max_tokens)
-    check_flow_size(count, max_flow_tokens)
 
 
 def flow_weights(weights: np.ndarray, head_fusion: str = "mean",
