@@ -96,7 +96,7 @@ def test_record_imports_nothing_above_it():
 
     below = {"attnviz.capture_build", "attnviz.capture_files", "attnviz.capture_format",
              "attnviz.capture_checks", "attnviz.capture_questions", "attnviz.capture_stats",
-             "attnviz.errors", "attnviz.fileio", "attnviz.selection"}
+             "attnviz.errors", "attnviz.fileio", "attnviz.reading", "attnviz.selection"}
     folder = Path(attnviz.capture_format.__file__).parent
     for name in ("capture.py", "capture_build.py", "capture_format.py", "capture_checks.py",
                  "capture_questions.py", "capture_stats.py"):
