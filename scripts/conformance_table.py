@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
 import multiprocessing
 import os
 import re
@@ -136,6 +137,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write the table (default: docs/models.md for the "
                              "full sweep, stdout for chosen types)")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="also write every type's outcomes here (JSON lines)")
+    parser.add_argument("--reuse", type=Path, default=None,
+                        help="outcomes of an earlier --results run: types there with no "
+                             "wrong or crashed path are not run again")
     args = parser.parse_args()
     from tests._conformance import mappings
 
@@ -147,6 +153,12 @@ def main() -> int:
         parser.error("--jobs must be from 1 to 64")
     types = args.types or list(known)
     rows: list[dict[str, Any]] = []
+    if args.reuse is not None:
+        earlier = [json.loads(line) for line in args.reuse.read_text("utf-8").splitlines()
+                   if line.strip()]
+        rows = [r for r in earlier if r["type"] in types and not r["built"] and not any(
+            o.startswith(("wrong", "crash")) for o in r["paths"].values())]
+        types = [t for t in types if t not in {r["type"] for r in rows}]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
         futures = {pool.submit(_one, t): t for t in types}
@@ -159,9 +171,11 @@ def main() -> int:
                        "paths": {"full": f"crash: the worker process died: {exc!r:.200}"}}
             rows.append(row)
             bad = [p for p, o in row["paths"].items() if o.startswith(("wrong", "crash"))]
-            print(f"{len(rows)}/{len(types)} {model_type}: "
+            print(f"{len(rows)} {model_type}: "
                   f"{row['built'] or ('FAIL ' + ', '.join(bad) if bad else 'ok')}", flush=True)
     rows.sort(key=lambda r: r["type"])
+    if args.results is not None:
+        args.results.write_text("".join(json.dumps(r) + "\n" for r in rows), "utf-8")
     text, failures = table(rows)
     out = args.out or (ROOT / "docs" / "models.md" if not args.types else None)
     if out is None:

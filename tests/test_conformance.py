@@ -31,6 +31,20 @@ EXPECTED: dict[str, dict[str, str]] = {
 }
 
 
+_RESULTS: dict[str, conformance.Result] = {}
+
+
+def _checked(model_type: str, root: Path) -> conformance.Result:
+    """The census of one type, built once per test session."""
+    if model_type not in _RESULTS:
+        kinds = conformance.mappings()[model_type]
+        with conformance.quiet():
+            built = conformance.build(model_type, kinds, root / model_type)
+            assert built.reason is None, built.reason
+            _RESULTS[model_type] = conformance.check(built)
+    return _RESULTS[model_type]
+
+
 @pytest.fixture(scope="module")
 def built_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("conformance")
@@ -38,11 +52,7 @@ def built_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("model_type", conformance.FAST_TYPES)
 def test_representative_types_are_equal_or_refused(model_type: str, built_root: Path) -> None:
-    kinds = conformance.mappings()[model_type]
-    with conformance.quiet():
-        built = conformance.build(model_type, kinds, built_root / model_type)
-        assert built.reason is None, built.reason
-        result = conformance.check(built)
+    result = _checked(model_type, built_root)
     assert result.built is None, result.built
     assert not result.failures(), result.failures()
     for path, outcome in result.paths.items():
@@ -55,13 +65,9 @@ def test_representative_types_are_equal_or_refused(model_type: str, built_root: 
 
 def test_refusals_name_the_reason(built_root: Path) -> None:
     """The band layout and 3-D refusals say what the weights are, not only that they fail."""
-    kinds = conformance.mappings()
-    with conformance.quiet():
-        results = {t: conformance.check(conformance.build(t, kinds[t], built_root / f"r-{t}"),
-                                        ("full",))
-                   for t in ("longformer", "yoso")}
-    assert "band" in results["longformer"].paths["full"]
-    assert "not [batch, head, query, key]" in results["yoso"].paths["full"]
+    assert "band" in _checked("longformer", built_root).paths["full"]
+    assert "not [batch, head, query, key]" in _checked("yoso", built_root).paths["full"]
+    assert "sinks" in _checked("gpt_oss", built_root).paths["long"]
 
 
 # ------------------------------------------------------------------ the census can fail
@@ -109,6 +115,23 @@ def test_describe_reads_shapes_from_the_outputs() -> None:
     hybrid = describe([None, torch.rand(1, 2, 5, 5), None], 5, "m")
     assert hybrid is not None and (hybrid.num_layers, hybrid.problem) == (1, None)
     assert describe([], 5, "m") is None and describe([None], 5, "m") is None
+
+
+def test_the_long_seam_refuses_layers_of_another_head_layout(tmp_path: Path) -> None:
+    """Gemma-4-style layers of different head sizes cannot share one long capture's files."""
+    from attnviz.long.record import LongUnsupported
+    from attnviz.long.seam import _check_layout, _Recorder
+
+    recorder = _Recorder(layers=[0, 1], folder=tmp_path, dtype="float32", budget=1 << 20,
+                         num_heads=4)
+    _check_layout(0, 4, 2, 8, recorder)  # the first layer sets the layout
+    recorder.num_kv_heads, recorder.head_dim = 2, 8
+    _check_layout(1, 4, 2, 8, recorder)
+    with pytest.raises(LongUnsupported, match="size 512 where the layers before it have 2 of "
+                                              "size 8"):
+        _check_layout(1, 4, 2, 512, recorder)
+    with pytest.raises(LongUnsupported, match="runs 64 query heads where the model returns 4"):
+        _check_layout(1, 64, 2, 8, recorder)
 
 
 @pytest.mark.conformance_full

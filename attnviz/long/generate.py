@@ -278,8 +278,12 @@ class _RowRecorder:
     """Collects the last query's row of every (selected) layer and head, step by step."""
 
     def __init__(self, prompt_length: int, modules: Sequence[Any] | None, layers: list[int],
-                 heads: list[int], num_layers: int = 0, num_heads: int = 0) -> None:
+                 heads: list[int], num_layers: int = 0, num_heads: int = 0,
+                 sinks_in_rows: bool | None = None) -> None:
         self.prompt_length = prompt_length
+        # Whether the model's own weights give an attention sink its share (rows that sum to
+        # less than 1, as gpt-oss's do); None: not known, and a sink is refused.
+        self.sinks_in_rows = sinks_in_rows
         # Without modules found in the model, layers are numbered in the order of the first
         # step's attention calls (the order of outputs.attentions).
         self.layer_of = {id(module): index for index, module in enumerate(modules or ())}
@@ -368,7 +372,11 @@ class _RowRecorder:
             scores[:, :low] = float("-inf")  # scores is a fresh tensor here: ours to change
             scores[:, high:] = float("-inf")
             sinks = kwargs.get("s_aux", kwargs.get("sinks"))
-            if sinks is not None:  # one more logit per head, outside the keys (gpt-oss)
+            if sinks is not None and self.sinks_in_rows is None:
+                raise ModelLoadError(f"layer {layer} uses attention sinks, and whether the "
+                                     "model's weights give them a share is not known",
+                                     "capture the text the usual way (attnviz heatmap)")
+            if sinks is not None and self.sinks_in_rows:  # one more logit per head (gpt-oss)
                 sink = sinks.float().reshape(-1)
                 sink = sink[self._index] if subset else sink
                 scores = torch.cat([scores, sink[:, None]], dim=-1)  # (h, kv + 1)
@@ -574,8 +582,10 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
     model = source.model
     if seed is None and sample:
         seed = int.from_bytes(os.urandom(4), "little")
+    probed = getattr(source, "probed", None)
     recorder = _RowRecorder(prompt_length, modules, keep_layers, keep_heads,
-                            source.num_layers, source.num_heads)
+                            source.num_layers, source.num_heads,
+                            None if probed is None else not probed.rows_sum_to_one)
     inputs = {k: v.to(source.device) for k, v in enc.items()
               if k in ("input_ids", "attention_mask")}
     tokenizer = source.tokenizer

@@ -29,6 +29,9 @@ class AttentionShape:
     num_heads: int  # heads per layer (the same in every layer when ``problem`` is None)
     problem: str | None = None  # why the weights are not token x token; None: they are
     causal: bool = False  # no weight above the diagonal in any layer or head
+    #: Every row sums to 1: weights without a sink's share (gpt-oss returns rows that sum to
+    #: less, its sink logit taking the rest; GraniteSWA scales its output instead).
+    rows_sum_to_one: bool = True
 
 
 def describe(attentions: Any, size: int, name: str) -> AttentionShape | None:
@@ -67,7 +70,9 @@ def describe(attentions: Any, size: int, name: str) -> AttentionShape | None:
             f"{name}'s layers run different numbers of heads ({', '.join(map(str, heads))}); "
             "a capture holds the same heads in every layer"))
     causal = size > 1 and not any(bool(a[..., :size, :size].triu(1).any()) for a in layers)
-    return AttentionShape(len(layers), heads[0], causal=causal)
+    sums = [float((a.float().sum(-1) - 1).abs().max()) for a in layers]
+    return AttentionShape(len(layers), heads[0], causal=causal,
+                          rows_sum_to_one=max(sums) < 1e-4)
 
 
 def probe(source: Any) -> AttentionShape | None:
