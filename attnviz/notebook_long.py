@@ -170,7 +170,7 @@ class LongAttentionView(anywidget.AnyWidget):
         return self._capture
 
     def __repr__(self) -> str:
-        return (f"LongAttentionView({self._capture.model!r}, "
+        return (f"LongAttentionView({self._capture.model_label!r}, "
                 f"{int(self._capture.num_tokens):,} tokens)")
 
     def answer(self, content: Any) -> tuple[dict[str, Any], list[bytes]]:

@@ -156,14 +156,18 @@ def rollout_command(
         raise UsageError(f"--npy {npy} must end in .npy")
     check_output(npy, "--npy")
     check_distinct_outputs(out=out, bar=bar)  # before any work; the defaults again below
-    from attnviz.analysis.flow import flow_view
+    from attnviz.analysis.flow import check_flow_request, flow_view
     from attnviz.analysis.rollout import RESIDUAL_INSIDE, rollout_view, save_matrix
     from attnviz.render import analysis as figures
     from attnviz.render.heatmap import check_cmap, save_figure
 
     check_cmap(cmap)
     # --start-layer is checked against the model's config before it loads.
-    capture = session().run_full(options.request(start_layer=start_layer))
+    request = options.request(start_layer=start_layer)
+    if method is MethodChoice.flow:  # counted by the tokenizer alone, before the model loads
+        check_flow_request(request, max_flow_tokens, exclude_special=exclude_special,
+                           words=words)
+    capture = session().run_full(request)
     view = view_of(capture, exclude_special=exclude_special, words=words)
     if method is MethodChoice.flow:
         result = flow_view(view, head_fusion.value, start_layer, token, max_flow_tokens)

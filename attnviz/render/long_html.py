@@ -174,6 +174,7 @@ def long_info(capture: LongCapture) -> dict[str, Any]:
     """What the view needs to know of a long capture (not its weights)."""
     return {
         "model": str(capture.model),
+        "model_label": capture.model_label,
         "text": str(capture.text),
         "num_tokens": int(capture.num_tokens),
         "num_layers": int(capture.num_layers),
@@ -254,7 +255,7 @@ def long_report_data(capture: LongCapture, *, title: str | None = None,
 
 def default_title(capture: LongCapture) -> str:
     """``attnviz: <model>: <N> tokens``."""
-    return f"attnviz: {capture.model}: {int(capture.num_tokens):,} tokens"
+    return f"attnviz: {capture.model_label}: {int(capture.num_tokens):,} tokens"
 
 
 # --------------------------------------------------------------------------- HTML

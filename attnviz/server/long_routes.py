@@ -287,7 +287,8 @@ def _head_value(head: int | str | list[int]) -> int | str:
 def describe(key: str, cap: LongCapture, max_weights: int) -> dict[str, Any]:
     """What ``/api/long/capture`` answers: the capture's id, tokens and shape, and the most
     values one answer about it holds."""
-    return {"id": key, "max_weights": max_weights, "model": cap.model, "text": cap.text,
+    return {"id": key, "max_weights": max_weights, "model": cap.model,
+            "model_label": cap.model_label, "text": cap.text,
             "pair": cap.pair, "tokens": cap.tokens, "display_tokens": cap.display_tokens,
             "word_ids": cap.word_ids, "special": cap.special, "layers": cap.layers,
             "num_layers": cap.num_layers, "num_heads": cap.num_heads,

@@ -615,7 +615,7 @@ function attnvizLongMount(root, source, host) {
     const hex = meta.palette;
     state.palette = new Uint8Array(768);
     for (let i = 0; i < 768; i++) state.palette[i] = parseInt(hex.substr(i * 2, 2), 16);
-    $("long-info").textContent = `${meta.model} \u00b7 ${meta.num_tokens.toLocaleString()} tokens \u00b7 ` +
+    $("long-info").textContent = `${meta.model_label || meta.model} \u00b7 ${meta.num_tokens.toLocaleString()} tokens \u00b7 ` +
       `${meta.num_layers} layers \u00d7 ${meta.num_heads} heads` + (meta.causal ? " \u00b7 causal" : "") +
       (meta.window ? ` \u00b7 window ${meta.window}` : "") +
       (source.exact ? "" : ` \u00b7 offline report: atlas down to ${Math.min(...meta.atlas.blocks)}-token blocks`);
