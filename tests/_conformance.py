@@ -122,8 +122,13 @@ def _shrink(config: Any, sizes: dict[str, int] = _SIZES) -> None:
         if name.endswith(("layer_types", "_pattern", "layers_block_type", "block_types",
                           "mlp_layer_types", "attention_layers")) and isinstance(value, list) \
                 and len(value) > layers:
+            # One layer of each kind where there are few kinds (a hybrid keeps its attention
+            # layers), else the first layers.
+            kinds = list(dict.fromkeys(str(v) for v in value))
+            shorter = [value[[str(v) for v in value].index(k)] for k in kinds] \
+                if len(kinds) <= 4 and name == "layers_block_type" else value[:layers]
             with contextlib.suppress(Exception):
-                setattr(config, name, value[:layers])
+                setattr(config, name, shorter)
     for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
                  "sep_token_id", "cls_token_id"):
         value = getattr(config, name, None)
@@ -205,7 +210,10 @@ def _try_build(model_type: str, kinds: list[str], sizes: dict[str, int]
         with torch.no_grad():
             inner = model.get_encoder() if getattr(model.config, "is_encoder_decoder",
                                                    False) else model
-            inner.eval()(input_ids=ids, output_attentions=True)
+            try:
+                inner.eval()(input_ids=ids, output_attentions=True, use_cache=False)
+            except TypeError:  # no use_cache argument
+                inner.eval()(input_ids=ids, output_attentions=True)
     except Exception as exc:  # noqa: BLE001
         return None, f"transformers cannot run it small: {_one_line(exc)}"
     return model, None

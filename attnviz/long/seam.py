@@ -133,7 +133,6 @@ class _Recorder:
         self.num_kv_heads, self.head_dim, self.num_tokens = kv_heads, int(query.shape[-1]), size
         return layer == max(self.layers)
 
-
     def _layer_of(self, module: Any, query: torch.Tensor, key: torch.Tensor) -> int | None:
         """The layer of one attention call: modules are numbered in the order of their first
         call (the order of ``outputs.attentions``); ``None`` for a module's second call with
