@@ -68,7 +68,6 @@ class _Recorder:
     num_tokens: int = 0
     problem: str | None = None
     num_heads: int = 0  # the loaded model's heads per layer (0: not known)
-    numbers: dict[int, int] = field(default_factory=dict)  # id(module) -> layer
     last_call: tuple[Any, Any, Any] = (None, None, None)  # module, query, key
     #: With a summary asked for: the key features, atlas block and top k of the scans.
     features: torch.Tensor | None = None
@@ -134,23 +133,15 @@ class _Recorder:
         return layer == max(self.layers)
 
     def _layer_of(self, module: Any, query: torch.Tensor, key: torch.Tensor) -> int | None:
-        """The layer of one attention call: modules are numbered in the order of their first
-        call (the order of ``outputs.attentions``); ``None`` for a module's second call with
-        the very same queries and keys (differential attention runs each module twice).
-
-        Raises:
-            LongUnsupported: a module called again with other queries or keys.
-        """
-        self.calls += 1
+        """The layer of one attention call, counted in call order (the order of
+        ``outputs.attentions``; ALBERT's one shared module is every layer); ``None`` for a
+        module's second call with the very same queries and keys (differential attention runs
+        each module twice for one set of weights)."""
         last, self.last_call = self.last_call, (module, query, key)
-        known = self.numbers.get(id(module))
-        if known is None:
-            known = self.numbers[id(module)] = len(self.numbers)
-            return known
         if last[0] is module and last[1] is query and last[2] is key:
             return None
-        raise LongUnsupported(f"layer {known}'s attention module runs more than once in a "
-                              "forward pass with different queries or keys")
+        self.calls += 1
+        return self.calls - 1
 
 
 def _check_layout(layer: int, heads: int, kv_heads: int, head_dim: int,
