@@ -52,8 +52,9 @@ def _clean(message: str) -> str:
     return message.replace("|", "\\|")
 
 
-def table(rows: list[dict[str, Any]]) -> tuple[str, int]:
-    """The markdown of docs/models.md and the number of wrong or crashed paths."""
+def table(rows: list[dict[str, Any]], not_run: list[str] | None = None) -> tuple[str, int]:
+    """The markdown of docs/models.md and the number of wrong or crashed paths; ``not_run``:
+    types the sweep did not reach."""
     from tests._conformance import PATHS
 
     built = [r for r in rows if not r["built"]]
@@ -121,6 +122,10 @@ def table(rows: list[dict[str, Any]]) -> tuple[str, int]:
              "| model type | mappings | why |", "|---|---|---|"]
     text += [f"| {r['type']} | {', '.join(r['kinds'])} | {_clean(str(r['built']))} |"
              for r in skipped]
+    if not_run:
+        text += ["", "## Types not run in this sweep", "",
+                 f"{len(not_run)} types were not reached: {', '.join(not_run)}. "
+                 "`python scripts/conformance_table.py` runs them."]
     return "\n".join(text) + "\n", failures
 
 
@@ -143,6 +148,9 @@ def main() -> int:
     parser.add_argument("--reuse", type=Path, default=None,
                         help="outcomes of an earlier --results run: types there with no "
                              "wrong or crashed path are not run again")
+    parser.add_argument("--no-run", action="store_true",
+                        help="only write the table of the --reuse outcomes (types without "
+                             "one are listed as not run)")
     args = parser.parse_args()
     from tests._conformance import mappings
 
@@ -160,9 +168,15 @@ def main() -> int:
     if args.reuse is not None:
         earlier = [json.loads(line) for line in args.reuse.read_text("utf-8").splitlines()
                    if line.strip()]
-        rows = [r for r in earlier if r["type"] in types and not r["built"] and not any(
-            o.startswith(("wrong", "crash")) for o in r["paths"].values())]
+        rows = [r for r in earlier if r["type"] in types and (args.no_run or (
+            not r["built"] and not any(o.startswith(("wrong", "crash"))
+                                       for o in r["paths"].values())))]
         types = [t for t in types if t not in {r["type"] for r in rows}]
+    elif args.no_run:
+        parser.error("--no-run needs --reuse")
+    not_run = sorted(types) if args.no_run else []
+    if args.no_run:
+        types = []
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
         futures = {pool.submit(_one, t): t for t in types}
@@ -181,7 +195,7 @@ def main() -> int:
             print(f"{len(rows)} {model_type}: "
                   f"{row['built'] or ('FAIL ' + ', '.join(bad) if bad else 'ok')}", flush=True)
     rows.sort(key=lambda r: r["type"])
-    text, failures = table(rows)
+    text, failures = table(rows, not_run)
     out = args.out or (ROOT / "docs" / "models.md" if not args.types else None)
     if out is None:
         sys.stdout.write(text)
