@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from attnviz import diskfull
+import attnviz.diskfull as diskfull
 from attnviz.capture import _paths_for_save
 from attnviz.capture_files import FULL_FILES, remove_other_captures
 from attnviz.fileio import atomic_path

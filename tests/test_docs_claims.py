@@ -97,11 +97,11 @@ def _alti_rows(minilm, distance):  # type: ignore[no-untyped-def]
     with torch.inference_mode():
         records = collect(minilm.model, inputs, adapter)
     layers = []
-    for layer, record in zip(layers_of(minilm.model, adapter), records):
+    for index, (layer, record) in enumerate(zip(layers_of(minilm.model, adapter), records)):
         batch, heads, tokens, _ = record.probs.shape
         parts = layer_parts(layer, adapter, heads)
         out = torch.zeros(batch, tokens, tokens, dtype=torch.float64)
-        for rows, vectors, output in block_vectors(record, parts, heads, adapter.post_ln):
+        for rows, vectors, output in block_vectors(record, parts, heads, adapter, index):
             closeness = (output.abs().sum(-1)[:, :, None] - distance(output, vectors)).clamp(
                 min=0)
             out[:, rows] = closeness / closeness.sum(-1, keepdim=True)

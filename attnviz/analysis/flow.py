@@ -21,16 +21,11 @@ it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from attnviz.analysis.rollout import RolloutResult, layer_matrices, rollout_view
 from attnviz.capture import Capture
 from attnviz.errors import UsageError
-
-if TYPE_CHECKING:
-    from attnviz.request import CaptureRequest
 
 #: Tokens above which flow refuses to run unless asked (``--max-flow-tokens``).
 DEFAULT_MAX_TOKENS = 16
@@ -51,29 +46,6 @@ def check_flow_size(tokens: int, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
             f"{max_tokens} tokens (--max-flow-tokens)",
             f"shorten the text (--max-tokens {max_tokens}), raise --max-flow-tokens (at most "
             f"{MAX_TOKENS_LIMIT}), or use --method rollout")
-
-
-def check_flow_request(request: CaptureRequest, max_tokens: int = DEFAULT_MAX_TOKENS, *,
-                       exclude_special: bool = False, words: bool = False) -> None:
-    """Refuse a text over ``max_tokens`` before its model loads: the model's tokenizer alone
-    counts it (:func:`attnviz.models.count_tokens`). A saved capture, standard input, the toy
-    model, ``words`` (merged pieces: fewer rows) or a tokenizer that cannot be loaded alone
-    are left to :func:`flow_view`, which checks the view itself.
-
-    Raises:
-        UsageError: more tokens than ``max_tokens`` (after ``--max-tokens`` cuts the text).
-    """
-    if request.text is None or request.from_path is not None or words:
-        return
-    from attnviz.models import count_tokens
-
-    count = count_tokens(request.model, request.text, request.pair,
-                         special=not exclude_special)
-    if count is None:
-        return
-    if request.max_tokens is not None and request.truncate:
-        count = min(count, request.max_tokens)
-    check_flow_size(count, max_tokens)
 
 
 def flow_weights(weights: np.ndarray, head_fusion: str = "mean",

@@ -35,6 +35,7 @@ from attnviz.fileio import check_output
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
+    from attnviz.request import CaptureRequest
 
 
 class MethodChoice(str, Enum):
@@ -156,7 +157,7 @@ def rollout_command(
         raise UsageError(f"--npy {npy} must end in .npy")
     check_output(npy, "--npy")
     check_distinct_outputs(out=out, bar=bar)  # before any work; the defaults again below
-    from attnviz.analysis.flow import check_flow_request, flow_view
+    from attnviz.analysis.flow import flow_view
     from attnviz.analysis.rollout import RESIDUAL_INSIDE, rollout_view, save_matrix
     from attnviz.render import analysis as figures
     from attnviz.render.heatmap import check_cmap, save_figure
@@ -165,7 +166,7 @@ def rollout_command(
     # --start-layer is checked against the model's config before it loads.
     request = options.request(start_layer=start_layer)
     if method is MethodChoice.flow:  # counted by the tokenizer alone, before the model loads
-        check_flow_request(request, max_flow_tokens, exclude_special=exclude_special,
+        _check_flow_request(request, max_flow_tokens, exclude_special=exclude_special,
                            words=words)
     capture = session().run_full(request)
     view = view_of(capture, exclude_special=exclude_special, words=words)
@@ -200,3 +201,27 @@ def rollout_command(
     for path in (out_path, npy_path, bar_path):
         stdout.print(str(path), markup=False)
     stdout.print(result.summary(), markup=False)
+
+
+def _check_flow_request(request: CaptureRequest, max_tokens: int, *,
+                       exclude_special: bool = False, words: bool = False) -> None:
+    """Refuse a text over ``max_tokens`` before its model loads: the model's tokenizer alone
+    counts it (:func:`attnviz.models.count_tokens`). A saved capture, standard input, the toy
+    model, ``words`` (merged pieces: fewer rows) or a tokenizer that cannot be loaded alone
+    are left to :func:`flow_view`, which checks the view itself.
+
+    Raises:
+        UsageError: more tokens than ``max_tokens`` (after ``--max-tokens`` cuts the text).
+    """
+    if request.text is None or request.from_path is not None or words:
+        return
+    from attnviz.analysis import flow
+    from attnviz.models import count_tokens
+
+    count = count_tokens(request.model, request.text, request.pair,
+                         special=not exclude_special)
+    if count is None:
+        return
+    if request.max_tokens is not None and request.truncate:
+        count = min(count, request.max_tokens)
+    flow.check_flow_size(count, max_tokens)

@@ -523,6 +523,9 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
     page = page_html()
     assets = {name: (_asset(package, file), media) for name, (package, file, media)
               in ASSETS.items()}
+    from attnviz.render.long_html import long_script
+
+    assets["long.js"] = (long_script(), assets["long.js"][1])  # with report.js's colour part
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
