@@ -98,7 +98,7 @@ def table(rows: list[dict[str, Any]], not_run: list[str] | None = None) -> tuple
         "checked against independent recomputations in `tests/test_measures.py`);",
         "- **refused**: one line saying why and what works (the numbered note);",
         "- **n/a**: the path does not apply (generate needs a causal language model);",
-        "- **wrong** / **crash**: a defect. There are none when this table is committed.",
+        "- **wrong** / **crash**: a defect to fix (counted in the summary below).",
         "",
         "Regenerate with `python scripts/conformance_table.py` (the full sweep; "
         "`pytest -m conformance_full` runs the same census as a test, and the default "
