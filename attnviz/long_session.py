@@ -217,7 +217,8 @@ class LongPath:
                              "leave out --heads; select layers with --layers")
         try:
             summary = {"summary": True} if request.long_summary else {}
-            return self.capture_long(text, pair, model=request.model, layers=request.layers,
+            return self.capture_long(text, pair, model=request.model,
+                                     layers=self._long_layers(request),
                                      max_tokens=request.max_tokens, truncate=request.truncate,
                                      dtype=request.long_dtype, folder=folder, **summary)
         except LongUnsupported as why:
@@ -237,6 +238,17 @@ class LongPath:
         if full is None:
             return cast("_T", self._answer(request))
         return full()
+
+    def _long_layers(self, request: CaptureRequest) -> str | None:
+        """The layers a long capture records: the request's ``layers``, else the one layer it
+        reads (``layer``: the forward then stops after it), else every layer."""
+        if request.layers is not None or request.layer is None:
+            return request.layers
+        from attnviz.selection import resolve_index
+
+        shape = self.shape(request.spec)
+        layers = shape.num_layers if shape is not None else self.source(request.spec).num_layers
+        return str(resolve_index(request.layer, layers, "layer"))
 
     def dump_long(self, request: CaptureRequest, text: str, pair: str | None,
                   path: Path | str, *, float16: bool = False
