@@ -163,10 +163,19 @@ def test_forward_stops_after_the_last_layer_and_reports_progress(llama: Any) -> 
     from attnviz.long import capture_long
 
     seen: list[tuple[int, int]] = []
-    cap = capture_long(llama, TEXT, layers=[1], progress=lambda done, total: seen.append(
-        (done, total)))
+    ran: list[int] = []
+    modules = llama.attention_modules
+    hooks = [modules[n].register_forward_pre_hook(
+        lambda module, args, n=n: ran.append(n)) for n in range(3)]
+    try:
+        cap = capture_long(llama, TEXT, layers=[1], progress=lambda done, total: seen.append(
+            (done, total)))
+    finally:
+        for hook in hooks:
+            hook.remove()
     assert cap.layers == [1]
-    assert seen == [(1, 2), (2, 2)]  # layer 2's attention never ran
+    assert ran == [0, 1]  # layer 2 never ran
+    assert seen == [(0, 2), (1, 2), (2, 2)]
 
 
 def test_a_request_for_one_layer_records_only_it(llama: Any, monkeypatch: pytest.MonkeyPatch,

@@ -6,7 +6,7 @@ Pure functions of the capture; everything is computed by the capture in streamed
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,16 +17,17 @@ if TYPE_CHECKING:
 MAX_SINKS = 10
 
 
-def topk_rows(cap: LongCapture, layer: int, head: int | str, k: int
-              ) -> list[dict[str, object]]:
+def topk_rows(cap: LongCapture, layer: int, head: int | str, k: int, *,
+              progress: Callable[[int, int], None] | None = None) -> list[dict[str, object]]:
     """Rows as :func:`attnviz.analysis.topk.topk_rows` makes them (``query_index``,
     ``query``, ``top``: ``key_index``, ``key``, ``weight``), from the long capture's exact
     top-k; keys a causal query cannot see are never listed. ``layer`` is a model layer the
-    capture holds, ``head`` an index or ``"mean"``."""
+    capture holds, ``head`` an index or ``"mean"``; ``progress(rows done, rows)`` follows
+    the pass."""
     import numpy as np
 
     k = min(k, cap.num_tokens)
-    indices, values = cap.topk(layer, head, k)  # -1: a key the query cannot see
+    indices, values = cap.topk(layer, head, k, progress=progress)  # -1: a key the query cannot see
     indices, values = np.asarray(indices), np.asarray(values, dtype=np.float32)
     tokens = list(cap.display_tokens)
     rows: list[dict[str, object]] = []

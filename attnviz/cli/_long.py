@@ -120,9 +120,13 @@ def topk_rows(cap: LongCapture, layer: int, head: int | str, k: int
     """:func:`attnviz.analysis.long.topk_rows` of a layer and head as the user gave them
     (negative counts from the end); returns the rows, the layer and the head as resolved."""
     from attnviz.analysis.long import topk_rows as rows_of
+    from attnviz.cli._common import stderr
+    from attnviz.cli._steps import stepping
 
     index, which = _layer(cap, layer), _head(cap, head)
-    return rows_of(cap, index, which, k), index, which
+    named = "the mean of the heads" if which == "mean" else f"head {which}"
+    with stepping(stderr, f"top-{k} keys, layer {index} {named}", "queries") as progress:
+        return rows_of(cap, index, which, k, progress=progress), index, which
 
 
 def topk_title(cap: LongCapture, layer: int, head: int | str, k: int) -> str:

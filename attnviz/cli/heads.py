@@ -467,6 +467,11 @@ def heads_command(
                 raise UsageError("--induction runs the test beside a full capture",
                                  "leave out --induction with a long input")
             long_capture, induction = capture, False
+            from attnviz.cli._steps import stepping
+
+            with stepping(stderr, "statistics, atlas and sinks of every head",
+                          "tokens") as progress:
+                capture.scan_all(progress)  # held already after a capture
             sums = long_stat_sums(capture)
             view = cast(Capture, capture)  # the title reads its pair, meta and causal flag
     live = request.from_path is None  # the induction test needs the model, not a saved capture

@@ -63,9 +63,10 @@ def _write_bytes(data: bytes, handle: IO[bytes]) -> None:
     handle.write(data)
 
 
-def write_text(cap: LongCapture, folder: Path, options: ExportOptions) -> list[str]:
+def write_text(cap: LongCapture, folder: Path, options: ExportOptions,
+               progress: ExportProgress | None = None) -> list[str]:
     """Write one text's files into ``folder`` (inside the export folder); returns their
-    names, relative to ``folder``."""
+    names, relative to ``folder``; ``progress`` hears of the pass over every head."""
     from attnviz.analysis.long import topk_csv_rows
     from attnviz.analysis.topk import TOPK_CSV_COLUMNS
     from attnviz.csvtext import csv_text
@@ -74,6 +75,11 @@ def write_text(cap: LongCapture, folder: Path, options: ExportOptions) -> list[s
 
     files: list[str] = []
     root = folder.parent
+    # One pass over every head's scores gives the atlas, top-k, statistics and sinks (a
+    # capture made with the summary holds it already; a saved one is scanned once here).
+    shown = progress or ExportProgress()
+    cap.summarise(k=min(options.top_k, cap.num_tokens), progress=functools.partial(
+        shown.step, "atlas, top-k, statistics and sinks of every head (tokens)"))
     for name, fig in _figures(cap, options).items():
         path = folder / name
         data = figure_bytes(fig, options.fmt, options.dpi)
@@ -149,12 +155,14 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
                 try:
                     if item.error:
                         raise InputError(item.error)
-                    cap = _capture(item, request, session)
+                    cap = _capture(item, dataclasses.replace(
+                        request, long_summary=True, long_top_k=options.top_k), session,
+                        progress)
                     name = folder_name(cap.text, cap.pair, item.id)
                     folder = safe_child(out_dir, name)
                     progress.begin_text(label, len(options.figures) + 3)
                     try:
-                        files = write_text(cap, folder, options)
+                        files = write_text(cap, folder, options, progress)
                     finally:
                         cap.close()
                     manifest = {"format": MANIFEST_FORMAT, "format_version": 1,
@@ -191,8 +199,22 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
     return summary
 
 
-def _capture(item: ExportItem, request: CaptureRequest, session: Session) -> LongCapture:
-    """The long capture of one item (a saved long capture is read, not captured again)."""
+def _capture(item: ExportItem, request: CaptureRequest, session: Session,
+             progress: ExportProgress) -> LongCapture:
+    """The long capture of one item (a saved long capture is read, not captured again);
+    ``progress`` hears of the forward pass, layer by layer."""
+
+    held = session.long_progress
+    session.long_progress = functools.partial(
+        progress.step, "forward pass, every head's summary on the way (layers)")
+    try:
+        return _capture_item(item, request, session)
+    finally:
+        session.long_progress = held
+
+
+def _capture_item(item: ExportItem, request: CaptureRequest,
+                  session: Session) -> LongCapture:
     from attnviz.long import LongCapture
 
     if item.dump is not None:

@@ -98,8 +98,8 @@ class _Recorder:
         """
         layer = self.calls
         self.calls += 1
-        if self.progress is not None:
-            self.progress(min(self.calls, self.last + 1), self.last + 1)
+        if self.progress is not None and layer <= self.last:
+            self.progress(layer, self.last + 1)  # layers done before this one
         if layer not in self.layers:
             return False, None
         for name, what in _UNSUPPORTED_KWARGS.items():
@@ -363,8 +363,9 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
             capturing and then summarising; the files written are the same.
         block, k: the summary's atlas block and top keys per query (see
             :meth:`LongCapture.summarise`).
-        progress: called with ``(layers run, layers the pass runs)`` as each layer's
-            attention runs (the forward stops after the last recorded layer).
+        progress: called with ``(layers done, layers the pass runs)`` as each layer's
+            attention starts and once at the end (the forward stops after the last recorded
+            layer).
         use_kernel: take each layer's log-sum-exp from the model's fused kernel call where
             it returns one (``meta["lse"]`` says, per recorded layer); ``False``: always the
             exact chunked pass.
@@ -409,6 +410,8 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
     token = _ACTIVE.set(recorder)
     try:
         _run(hf_model, enc, name)
+        if progress is not None and recorder.layers:
+            progress(recorder.last + 1, recorder.last + 1)
     except BaseException:
         if temporary:
             shutil.rmtree(target, ignore_errors=True)
