@@ -16,7 +16,7 @@ Commands (``--commands``, all by default):
 * ``heads``: ``attnviz heads - --model DIR --long -f csv`` (every head's statistics and sinks)
 * ``all-heads``: ``python -c`` capture_long(summary=True, k=5) then the mean's atlas of
   layer 2 and the sinks: every head's atlas, top-k, statistics and sinks from one pass
-* ``export``: ``attnviz export - --model DIR --long -o OUT`` (one text)
+* ``export``: ``attnviz export --input - --model DIR --long -o OUT`` (one text)
 * ``html``: ``attnviz html --long-from CAP -o OUT.html`` of a capture saved beforehand with
   ``attnviz dump - --model DIR --long -o CAP`` (not timed)
 
@@ -105,7 +105,8 @@ def command(name: str, model: Path, work: Path) -> tuple[list[str], bool]:
         return [sys.executable, "-c", ALL_HEADS, str(model)], True
     if name == "export":
         out = work / f"export-{time.monotonic_ns()}"
-        return [*attnviz, "export", "-", "--model", str(model), "--long", "-o", str(out)], True
+        return [*attnviz, "export", "--input", "-", "--model", str(model), "--long", "-o",
+                str(out)], True
     if name == "html":
         return [*attnviz, "html", "--long-from", str(work / "capture"), "-o",
                 str(work / "report.html")], False
