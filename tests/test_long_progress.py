@@ -78,3 +78,18 @@ def test_cli_names_each_long_step(invoke: Any, llama_dir: Path,
     assert "forward pass: 0/2 layers..." in result.stderr  # layer 2 is never run
     assert "top-2 keys, layer 1 head 2: 0/" in result.stderr
     assert result.stdout.startswith("query_index,query,rank,key_index,key,weight")
+
+
+def test_doing_says_what_only_when_it_takes_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import attnviz.cli._steps as steps
+
+    console, out = _console(False)
+    monkeypatch.setattr(steps, "QUIET_SECONDS", 0.05)
+    with steps.doing(console, "drawing the figure"):
+        pass
+    assert out.getvalue() == ""
+    with steps.doing(console, "drawing the figure"):
+        time.sleep(0.3)
+    assert out.getvalue().strip() == "drawing the figure..."

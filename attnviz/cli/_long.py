@@ -70,6 +70,8 @@ def heatmap(cap: LongCapture, *, layer: int | None, head: int | str | None,
             figure: FigureOptions, out: Path | None, suffix: str) -> tuple[Path, list[str]]:
     """Draw a long capture as ``attnviz heatmap`` does: a window (``--tokens`` etc.) of one
     head exactly, else the atlas; returns the path and warnings to print."""
+    from attnviz.cli._common import stderr
+    from attnviz.cli._steps import doing, stepping
     from attnviz.render import atlas
     from attnviz.render.heatmap import save_figure
 
@@ -90,12 +92,17 @@ def heatmap(cap: LongCapture, *, layer: int | None, head: int | str | None,
                 warnings.append(artists.layout.dropped_values)
             fig = artists.fig
         else:
-            fig, block = atlas.atlas_head_figure(cap, index, which, options=figure)
+            named = "the mean of the heads" if which == "mean" else f"head {which}"
+            with doing(stderr, f"atlas of layer {index}, {named}"):
+                fig, block = atlas.atlas_head_figure(cap, index, which, options=figure)
             label += f"_atlas{block}"
     else:
         if windowed:
             raise UsageError("a window (--tokens, --queries, --keys) of a long capture is "
                              "drawn for one head", "add --layer L --head H (or --head mean)")
+        # Every head's atlas from one pass over the scores (held after a summary capture).
+        with stepping(stderr, "atlas of every head", "tokens") as progress:
+            cap.scan_all(progress)
         if layer is not None:
             index = _layer(cap, layer)
             fig, block = atlas.atlas_grid_figure(cap, index, options=figure)
@@ -103,7 +110,8 @@ def heatmap(cap: LongCapture, *, layer: int | None, head: int | str | None,
         else:
             fig, block = atlas.atlas_grid_figure(cap, None, options=figure)
             label = f"overview_atlas{block}"
-    path = save_figure(fig, out or _name(cap, label + suffix), dpi=figure.dpi)
+    with doing(stderr, "drawing the figure"):
+        path = save_figure(fig, out or _name(cap, label + suffix), dpi=figure.dpi)
     return path, warnings
 
 

@@ -101,11 +101,19 @@ def stepping(console: Console, name: str, unit: str) -> Iterator[Step]:
 
 @contextmanager
 def doing(console: Console, what: str) -> Iterator[None]:
-    """A spinner saying what is happening (``"writing the report"``) on a terminal, one line
-    elsewhere."""
+    """A spinner saying what is happening (``"drawing the figure"``) on a terminal, one line
+    elsewhere once it has taken :data:`QUIET_SECONDS`."""
     if not console.is_terminal:
-        console.print(f"{what}...", markup=False, highlight=False, style="dim")
-        yield
+        import threading
+
+        timer = threading.Timer(QUIET_SECONDS, lambda: console.print(
+            f"{what}...", markup=False, highlight=False, style="dim"))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
         return
     with console.status(f"{what}...", spinner="dots"):
         yield
