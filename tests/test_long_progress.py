@@ -54,7 +54,7 @@ def test_a_step_is_a_bar_with_count_and_time_left_on_a_terminal(
     step.bar.refresh()
     shown = out.getvalue()
     assert "top-3 keys, layer 2 head 3" in shown and "4000/16000" in shown
-    assert "queries" in shown and "left" in shown
+    assert "queries" in shown and "spent," in shown and "left" in shown
     step(16000, 16000)
     assert step.bar is None  # removed once done
 

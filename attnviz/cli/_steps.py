@@ -65,8 +65,9 @@ class Step:
         )
 
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn(self.unit), TimeElapsedColumn(), TextColumn("left"),
-                            TimeRemainingColumn(), console=self.console, transient=True)
+                            TextColumn(self.unit), TimeElapsedColumn(), TextColumn("spent,"),
+                            TimeRemainingColumn(), TextColumn("left"), console=self.console,
+                            transient=True)
         from rich.errors import LiveError
 
         try:
