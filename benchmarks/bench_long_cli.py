@@ -1,7 +1,8 @@
 """Whole-process long-context commands against a whole-process sdpa forward of the same model.
 
 Every measurement is a fresh process, timed from its start to its exit (Python start-up,
-imports, model load, tokenising, writing included) with its own peak RSS (``wait4``), and
+imports, model load, tokenising, writing included) with its own peak RSS and CPU time
+(user + system, all threads: steadier than wall time on a shared machine; ``wait4``), and
 divided by the baseline measured in the same run: a script that loads the same model with
 transformers' default sdpa kernel and runs one forward pass over the same text, read from
 standard input like the commands.
@@ -69,8 +70,10 @@ cap.close()
 """
 
 
-def run(argv: list[str], stdin: Path | None, env: dict[str, str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one process, start to exit."""
+def run(argv: list[str], stdin: Path | None, env: dict[str, str]
+        ) -> tuple[float, float, float]:
+    """Wall seconds, peak RSS (MiB) and CPU seconds (user + system, all threads) of one
+    process, start to exit."""
     handle = open(stdin, "rb") if stdin is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
         start = time.perf_counter()
@@ -88,7 +91,7 @@ def run(argv: list[str], stdin: Path | None, env: dict[str, str]) -> tuple[float
         raise SystemExit(f"{' '.join(argv)} failed ({process.returncode}):\n"
                          f"{errors.decode(errors='replace')[-2000:]}")
     peak = usage.ru_maxrss / (1 << 20) if sys.platform == "darwin" else usage.ru_maxrss / 1024
-    return wall, peak
+    return wall, peak, usage.ru_utime + usage.ru_stime
 
 
 def command(name: str, model: Path, work: Path) -> tuple[list[str], bool]:
@@ -135,8 +138,9 @@ def main() -> None:
                ATTNVIZ_CACHE_DIR=tempfile.mkdtemp(prefix="attnviz-bench-cache-"))
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
-    print(f"{'tokens':>7} {'command':>10} {'wall s':>8} {'peak MiB':>9} {'x wall':>7} "
-          f"{'x RSS':>6}   (forward: median of the runs beside each command)", flush=True)
+    print(f"{'tokens':>7} {'command':>10} {'wall s':>8} {'peak MiB':>9} {'cpu s':>8} "
+          f"{'x wall':>7} {'x RSS':>6} {'x cpu':>6}   (forward: the runs beside each command; "
+          "medians)", flush=True)
     for tokens in args.tokens:
         with tempfile.TemporaryDirectory(prefix="attnviz-bench-long-cli-") as tmp:
             work = Path(tmp)
@@ -154,15 +158,14 @@ def main() -> None:
                     base.append(run(argv, text if reads else None, env))
                     argv, reads = command(name, model, work)
                     rows.append(run(argv, text if reads else None, env))
-                wall = statistics.median(r[0] for r in rows)
-                peak = statistics.median(r[1] for r in rows)
-                base_wall = statistics.median(b[0] for b in base)
-                base_peak = statistics.median(b[1] for b in base)
+                wall, peak, cpu = (statistics.median(r[i] for r in rows) for i in range(3))
+                base_wall, base_peak, base_cpu = (statistics.median(b[i] for b in base)
+                                                  for i in range(3))
                 print(f"{tokens:>7} {'forward':>10} {base_wall:>8.2f} {base_peak:>9.0f} "
-                      f"{1:>7.2f} {1:>6.2f}", flush=True)
-                print(f"{tokens:>7} {name:>10} {wall:>8.2f} {peak:>9.0f} "
-                      f"{wall / base_wall:>7.2f} {peak / base_peak:>6.2f}", flush=True)
-
+                      f"{base_cpu:>8.2f} {1:>7.2f} {1:>6.2f} {1:>6.2f}", flush=True)
+                print(f"{tokens:>7} {name:>10} {wall:>8.2f} {peak:>9.0f} {cpu:>8.2f} "
+                      f"{wall / base_wall:>7.2f} {peak / base_peak:>6.2f} "
+                      f"{cpu / base_cpu:>6.2f}", flush=True)
 
 if __name__ == "__main__":
     main()
