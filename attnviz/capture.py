@@ -129,7 +129,7 @@ class Capture:
         def count(n: int, what: str) -> str:
             return f"{n} {what}" + ("" if n == 1 else "s")
 
-        return (f"Capture({self.model!r}: {count(self.num_tokens, 'token')}, "
+        return (f"Capture({self.model_label!r}: {count(self.num_tokens, 'token')}, "
                 f"{count(len(self.layers), 'layer')} x {count(len(self.heads), 'head')}"
                 + (", causal" if self.causal else "")
                 + (f", {measure}" if measure else "") + f", text={short!r})")

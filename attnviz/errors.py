@@ -50,6 +50,14 @@ class OutputError(AttnvizError):
     """An output file or folder cannot be written."""
 
 
+class NoSpaceError(OutputError):
+    """The disk (or a quota) is full while attnviz writes: free space or write elsewhere.
+
+    ``public`` says the same without any path (what a server answers its clients)."""
+
+    public = "no space left on the device: the disk is full"
+
+
 class NotAFileError(OutputError):
     """The output named is a device, a pipe or a socket (or a link to one): a usage error."""
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import re
 import secrets
@@ -28,8 +29,9 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
+from attnviz.diskfull import OutputFile, is_no_space, no_space_error
 from attnviz.errors import NotAFileError, OutputError
 from attnviz.inputs import (  # noqa: F401 - re-exported: fileio is the public face
     INPUT_LINE_LIMIT,
@@ -67,9 +69,8 @@ class LinkError(OutputError):
 
 # --------------------------------------------------------------------------- messages
 def _describe_os_error(exc: OSError, path: Path) -> OutputError:
-    if exc.errno == errno.ENOSPC:
-        return OutputError(f"no space left on the device while writing {path}",
-                           "free some disk space or choose another output folder with -o")
+    if is_no_space(exc):
+        return no_space_error(path)
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return OutputError(f"cannot write {path}: permission denied",
                            "choose a writable output location with -o")
@@ -577,13 +578,17 @@ def atomic_open(target: Path | str, mode: str = "wb", *, root: Path | str | None
     target = Path(target)
     with _atomic(target, None if root is None else Path(root)) as (_folder, _tmp, fd):
         try:
-            handle = os.fdopen(fd, mode, encoding=encoding if mode == "w" else None)
+            handle = os.fdopen(fd, "wb")
         except BaseException:
             os.close(fd)
             raise
         with handle:
-            try:
-                yield handle
+            try:  # every write goes through diskfull.write_chunk (a full disk keeps its errno)
+                output = OutputFile(handle)
+                shown = cast("IO[Any]", output if mode == "wb" else
+                             io.TextIOWrapper(cast(Any, output), encoding=encoding))
+                yield shown
+                shown.flush()
                 handle.flush()
                 os.fsync(handle.fileno())
             except OSError as exc:

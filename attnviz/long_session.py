@@ -19,6 +19,7 @@ keys live in a folder of their own, or in memory).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -83,6 +84,10 @@ def full_bytes(layers: int, heads: int, tokens: int) -> int:
     return 4 * layers * heads * tokens * tokens
 
 
+def _count(number: int, what: str) -> str:
+    return f"{number} {what}" + ("" if number == 1 else "s")
+
+
 def _kept(selection: str | None, size: int, what: str) -> int:
     from attnviz.selection import parse_selection
 
@@ -137,7 +142,8 @@ class LongPath:
         layers = _kept(request.layers, layers, "layer")
         heads = _kept(request.heads, heads, "head")
         return (full_bytes(layers, heads, tokens),
-                f"{layers} layers x {heads} heads x {tokens}^2 tokens, float32")
+                f"{_count(layers, 'layer')} x {_count(heads, 'head')} x {tokens}x{tokens} "
+                "weights, float32")
 
     def _token_bound(self, request: CaptureRequest, text: str, pair: str | None) -> int:
         """At most how many tokens the text can have: a token holds at least one UTF-8 byte,
@@ -160,6 +166,23 @@ class LongPath:
         enc, _ = encode(text, pair, request.max_tokens, request.truncate)
         return int(enc["input_ids"].shape[1])
 
+    def narrowed(self, request: CaptureRequest, text: str, pair: str | None
+                 ) -> CaptureRequest:
+        """``request`` keeping only the layer (and head) it reads, when it reads one
+        (``layer``, ``head``), selects none itself and its capture of every layer would pass
+        :func:`max_full_bytes`: a one-head figure of a long text needs that head, not the
+        whole model. The head is narrowed only when that makes the full capture fit (a long
+        capture keeps every head of its layers). Otherwise ``request`` as it is."""
+        if (request.long is not None or request.layer is None or request.layers is not None
+                or self.too_big(request, [(text, pair)]) is None):
+            return request
+        one_layer = dataclasses.replace(request, layers=str(request.layer))
+        if request.head is not None and request.heads is None:
+            one_head = dataclasses.replace(one_layer, heads=str(request.head))
+            if self.too_big(one_head, [(text, pair)]) is None:
+                return one_head
+        return one_layer
+
     def wants_long(self, request: CaptureRequest, text: str, pair: str | None, *,
                    dumping: bool = False) -> bool:
         """Whether the long capture answers ``request`` (``request.long``; for ``None``,
@@ -174,6 +197,12 @@ class LongPath:
         reason = self.too_big(request, [(text, pair)])
         if reason is None:
             return False
+        if (request.head is not None and request.heads is None
+                and request.layers == str(request.layer)):
+            # what the one head the request reads would need in full (the long capture keeps
+            # every head of the layer, but the figure is of one)
+            reason = self.too_big(dataclasses.replace(request, heads=str(request.head)),
+                                  [(text, pair)]) or reason
         self._note(f"{reason}: {DUMPING_LONG if dumping else 'taking the long path (--long)'}")
         return True
 

@@ -405,9 +405,10 @@ class Session(LongPath):
         if request.long is False:
             return self._answer(request)
         text, pair = self._texts(request)
+        request = self.narrowed(dataclasses.replace(request, text=text, stdin=False), text, pair)
         if not self.wants_long(request, text, pair):
-            return self._answer(dataclasses.replace(request, text=text, stdin=False))
-        cap = self.answer_long(dataclasses.replace(request, text=text, stdin=False), text, pair)
+            return self._answer(request)
+        cap = self.answer_long(request, text, pair)
         self._check_indices(cap, request)
         return cap
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+import attnviz.diskfull as diskfull
 from attnviz.capture import _paths_for_save
 from attnviz.capture_files import FULL_FILES, remove_other_captures
 from attnviz.fileio import atomic_path
@@ -160,7 +161,7 @@ class CaptureWriter:
         try:
             with atomic_path(self.json_path) as json_tmp:
                 with open(json_tmp, "wb") as handle:
-                    handle.write(text)
+                    diskfull.write_chunk(handle, text)  # every output byte goes there
                     handle.flush()
                     os.fsync(handle.fileno())
                 with open(self._tmp_path, "rb+") as handle:

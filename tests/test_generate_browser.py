@@ -2,12 +2,14 @@
 
 The server serves a tiny random Llama (a causal language model) built in ``tmp_path``; the
 panel's rows, filled line by line from ``/api/generate``, equal ``Session.generate``'s top-k.
-Skipped only when no Chromium is installed.
+Its button turns into Stop while a generation runs; stopping ends the generation and frees the
+model at once. Skipped only when no Chromium is installed.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=128, bos_token_id=101, eos_token_id=None)
+                         max_position_embeddings=1024, bos_token_id=101, eos_token_id=None)
     return _save(LlamaForCausalLM, config, tmp_path_factory.mktemp("served") / "llama")
 
 
@@ -70,6 +72,48 @@ def test_generate_panel_streams_rows(browser: Any, server_url: str, llama: Path)
             assert cells[2] == [f"{t['key_index']}:{t['key']} {t['weight']:.3f}"
                                 for t in row["top"]]
         assert page.inner_text("#generate-text") == reference.text
+        assert outside == [] and errors == []
+    finally:
+        context.close()
+
+
+def test_stop_ends_the_generation_and_frees_the_server(browser: Any, server_url: str) -> None:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    outside: list[str] = []
+    errors: list[str] = []
+    watch(context, page, (server_url, "data:", "blob:"), outside, errors)
+    rows = "document.querySelectorAll('#generate-table tr').length"
+    try:
+        page.goto(server_url + "#text=" + quote_plus(PROMPT))
+        wait_until(page, "Number(document.documentElement.dataset.updates || 0) >= 1")
+        page.fill("#new-tokens", "480")
+        page.click("#generate")
+        wait_until(page, f"{rows} >= 2")
+        assert page.inner_text("#generate") == "Stop"
+        assert page.get_attribute("#generate-panel", "data-running") == "1"
+        page.click("#generate")
+        assert page.inner_text("#generate") == "Generate"
+        assert page.get_attribute("#generate-panel", "data-stopped") == "1"
+        # the server sees the request go and ends the generation at the next token: its
+        # queue is empty at once, long before 480 tokens could have been made
+        stopped = time.monotonic()
+        wait_until(page, "fetch('/api/health').then((r) => r.json()).then((h) => "
+                         "h.pending === 0)", timeout_s=10)
+        assert time.monotonic() - stopped < 5
+        kept = page.evaluate(rows)
+        assert 2 <= kept < 480
+        page.wait_for_timeout(300)
+        assert page.evaluate(rows) == kept  # no row after Stop
+        assert page.get_attribute("#generate-panel", "data-done") is None
+        # a second request is answered promptly: the model is free
+        page.fill("#new-tokens", "3")
+        started = time.monotonic()
+        page.click("#generate")
+        wait_until(page, "document.getElementById('generate-panel').dataset.done === '3'",
+                   timeout_s=20)
+        assert time.monotonic() - started < 10
+        assert page.inner_text("#generate") == "Generate"
         assert outside == [] and errors == []
     finally:
         context.close()

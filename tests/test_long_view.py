@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -330,6 +331,20 @@ def test_the_offline_report_carries_the_atlas_and_statistics(cap: Any, tmp_path:
     assert level["block"] == 16  # 600 tokens: every level fits the default budget
     sums, _ = unpack_level(level["heads"]["1"]["mean"], level["n"])
     np.testing.assert_allclose(sums, cap.atlas(1, "mean", 16)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_report_embeds_exact_weights_when_they_fit_its_budget(cap: Any) -> None:
+    """Exact ``[T, T]`` matrices of every head and mean, only within the cell budget."""
+    T = TOKENS
+    needed = T * T * 2 * 5
+    assert "exact" not in long_report_data(cap, max_cells=needed - 1)
+    data = long_report_data(cap, max_cells=needed)
+    assert data["tile"] == {"max_values": T * T, "view_side": T}
+    for layer in (0, 1):
+        for head in [*range(4), "mean"]:
+            raw = zlib.decompress(base64.b64decode(data["exact"][str(layer)][str(head)]))
+            matrix = np.frombuffer(raw, "<f4").reshape(T, T)
+            np.testing.assert_array_equal(matrix, cap.tile(layer, head, 0, T, 0, T))
 
 
 def test_cli_mistakes_are_one_line_errors(invoke: Any, tmp_path: Path,

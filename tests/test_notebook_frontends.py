@@ -48,8 +48,19 @@ heat""",
     """attnviz.show(cap, view="model")""",
     """attnviz.show(cap, view="head", layer=2)""",
     """cap""",
+    """import pathlib, tempfile
+import transformers
+transformers.utils.logging.disable_progress_bar()  # a progress bar is a widget of its own
+from attnviz.long import load_long
+from attnviz.notebook_long import show_long
+from tests.long_fixtures import build_tiny_llama, capture_tiny_llama
+work = pathlib.Path(tempfile.mkdtemp())
+long_cap = load_long(capture_tiny_llama(build_tiny_llama(work / "llama", positions=512), 300,
+                                        work / "capture"))
+show_long(long_cap)""",
 ]
 VIEWS = ["heatmap", "model", "head"]  # the views of cells 1-3, in order
+COPIES = len(VIEWS) + 2  # static copies: the three views, the bare capture, the long view
 LIVE_CHECK = """print("selected:", heat.layer, heat.heads)"""
 
 
@@ -244,6 +255,14 @@ def test_saved_notebook_shows_its_views_without_a_kernel(open_notebook: Any, app
             const top = document.elementFromPoint(r.left + 10, r.top + 10);
             return top !== null && top.tagName === 'IFRAME'; }"""))
     assert covered == [True] * (len(VIEWS) + 1)
+    # the long view's copy: the offline long report, drawn with its legend, no kernel
+    long_frame = page.locator("iframe.attnviz-report").nth(len(VIEWS) + 1)
+    long_frame.scroll_into_view_if_needed()
+    frame = long_frame.element_handle().content_frame()
+    wait_until(frame, "document.documentElement.dataset.longReady === '1' && "
+                      "!document.getElementById('long-legend').hidden")
+    assert frame.evaluate("document.getElementById('long-level').dataset.level") == "atlas"
+    assert frame.evaluate("document.documentElement.scrollWidth <= innerWidth")
     assert opened.outside == []
 
 
@@ -253,19 +272,21 @@ def test_untrusted_notebook_shows_images_and_how_to_trust(open_notebook: Any, ap
     page = opened.page
     # The sanitizer strips the frames; the images and the note stay.
     wait_until(page, "n => document.querySelectorAll('.jp-OutputArea-output img').length >= n",
-          len(VIEWS) + 1)
+          COPIES)
     assert page.locator("iframe").count() == 0
     images = page.evaluate(
         """() => Array.from(document.querySelectorAll('.jp-OutputArea-output img')).map(img =>
              [img.complete && img.naturalWidth, img.getBoundingClientRect().height,
               img.getAttribute('alt')])""")
-    assert len(images) == len(VIEWS) + 1
+    assert len(images) == COPIES
     for width, height, alt in images:
         assert width > 200 and height > 100 and alt.startswith("attnviz")
+    for index in range(COPIES):  # the notebook lays out the outputs on screen only
+        page.locator(".jp-OutputArea-output img").nth(index).scroll_into_view_if_needed()
     notes = page.evaluate(
         """() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))
                  .map(e => e.innerText).filter(t => t.includes('Trust Notebook'))""")
-    assert len(notes) == len(VIEWS) + 1
+    assert len(notes) == COPIES
     assert "layer 1, head 2" in notes[0] and "every layer and head" in notes[1]
     assert "jupyter trust NOTEBOOK.ipynb" in notes[0]
     assert opened.outside == []
@@ -315,9 +336,10 @@ def test_new_kernel_restores_the_widgets_which_take_the_arrow_keys(
         opened = open_notebook(app, "views.ipynb")
         page = opened.page
         _live_views(page, len(VIEWS))
-        # The widgets are on the page: their static copies hide themselves.
+        # The widgets are on the page: their static copies hide themselves. The long view's
+        # widget has no object in the new kernel to answer it: its copy stays.
         assert page.evaluate("""() => Array.from(document.querySelectorAll(
-                 'iframe.attnviz-report')).filter(f => f.offsetParent !== null).length""") == 1
+                 'iframe.attnviz-report')).filter(f => f.offsetParent !== null).length""") == 2
         assert _shadow(page, 0, "root.getElementById('layer').value") == "1"  # position 1
         assert _shadow(page, 0, "root.querySelector('#heads .chip[aria-pressed=true]')"
                                 ".textContent") == "2"
@@ -428,6 +450,11 @@ def test_running_notebook_shows_the_live_widget_only(open_notebook: Any, server:
                  .filter(e => e.dataset.ready === '1'
                               && !e.classList.contains('jupyter-widgets-disconnected'))
                  .length >= n""", len(VIEWS), timeout_s=120)
+        # the long view's widget goes live once the kernel answers it
+        long_host = page.locator(".jp-Cell").nth(len(CELLS) - 1)
+        long_host.scroll_into_view_if_needed()
+        wait_until(page, "n => document.querySelectorAll('[data-attnviz-live]').length >= n",
+                   len(VIEWS) + 1, timeout_s=180)
         # Live: the widgets show and their static copies hide themselves (the bare capture's
         # copy, without a key, is its only view). The notebook renders the cells on screen.
         for index in range(len(VIEWS)):

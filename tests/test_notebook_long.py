@@ -142,7 +142,9 @@ def test_the_widget_zooms_to_exact_weights_asked_of_the_kernel(browser: Any, cap
         wait_until(page, f"{SHADOW}.getElementById('long-level').dataset.level === 'atlas'")
         assert page.evaluate(f"{SHADOW}.getElementById('long-level').dataset.block") == "16"
         canvas = page.locator("#view #long-canvas").bounding_box()
-        x, y = canvas["x"] + 110 + 250.5, canvas["y"] + 86 + 420.5
+        plot = page.evaluate("document.getElementById('view').attnvizLong.plot()")
+        x = canvas["x"] + plot["left"] + 0.4 * plot["side"] + 0.5
+        y = canvas["y"] + plot["top"] + 0.7 * plot["side"] + 0.5
         page.mouse.move(x, y)
         for _ in range(6):
             page.mouse.wheel(0, -400)
@@ -157,6 +159,8 @@ def test_the_widget_zooms_to_exact_weights_asked_of_the_kernel(browser: Any, cap
         assert q >= k and value > 0
         assert float(shown["value"]) == pytest.approx(value, abs=1e-6)
         assert {"atlas", "tile", "stats"} <= set(asked)
+        # the kernel answered: the widget is live (its static copy hides itself)
+        assert page.evaluate("document.getElementById('view').hasAttribute('data-attnviz-live')")
         wait_until(page, f"{SHADOW}.getElementById('long-stats').rows.length === 5")  # 4 heads
     finally:
         context.close()
@@ -198,11 +202,12 @@ def test_keys_outside_a_sliding_window_are_drawn_as_masked(browser: Any,
                       ".setView({x0: 100, y0: 150, span: 40})")
         wait_until(page, f"{SHADOW}.getElementById('long-level').dataset.level === 'exact'")
         box = page.locator("#view #long-canvas").bounding_box()
-        size = 630 / 40  # pixels a token
+        plot = page.evaluate("document.getElementById('view').attnvizLong.plot()")
+        size = plot["side"] / 40  # pixels a token
 
         def at(q: int, k: int) -> tuple[float, float]:
-            return (box["x"] + 110 + (k - 100 + 0.5) * size,
-                    box["y"] + 86 + (q - 150 + 0.5) * size)
+            return (box["x"] + plot["left"] + (k - 100 + 0.5) * size,
+                    box["y"] + plot["top"] + (q - 150 + 0.5) * size)
 
         # queries 150..189, keys 100..139: a query sees its last 16 keys (q - k < 16)
         for q, k, hidden in ((150, 139, False), (152, 137, False), (150, 135, False),
@@ -218,9 +223,82 @@ def test_keys_outside_a_sliding_window_are_drawn_as_masked(browser: Any,
             x, y = at(q, k)
             pixel = page.evaluate(
                 f"(() => {{ const c = {SHADOW}.getElementById('long-canvas'); "
-                "const r = c.getBoundingClientRect(); return Array.from(c.getContext('2d')"
-                f".getImageData({x} - r.left, {y} - r.top, 1, 1).data.slice(0, 3)); }})()")
+                "const r = c.getBoundingClientRect(); const d = window.devicePixelRatio; "
+                "return Array.from(c.getContext('2d')"
+                f".getImageData(({x} - r.left - c.clientLeft) * d, ({y} - r.top - c.clientTop) "
+                "* d, 1, 1).data.slice(0, 3)); })()")
             assert (pixel == [232, 233, 236]) == hidden
     finally:
         context.close()
     assert errors == []
+
+
+def test_a_saved_notebook_keeps_a_static_copy_of_the_view(cap: Any) -> None:
+    """The widget's bundle carries the offline long report as its text/html (what a notebook
+    reopened without the kernel, or with one but no widget state, shows), keyed to the view
+    so the live widget hides it while it is on the page."""
+    import html
+    import re
+
+    from attnviz.render.long_html import read_long_report
+
+    view = show_long(cap)
+    data, _metadata = view._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in data
+    copy = data["text/html"]
+    assert f'data-attnviz-static="{view._view_key}"' in copy
+    assert f'[data-attnviz-live="{view._view_key}"]' in copy  # the style sheet that hides it
+    assert 'data-attnviz-live' in view._esm and "_view_key" in view._esm
+    document = html.unescape(re.search(r'srcdoc="([^"]*)"', copy).group(1))
+    report = read_long_report(document)
+    assert report["num_tokens"] == TOKENS
+    levels = {level["block"]: level for level in report["atlas"]["levels"]}
+    from attnviz.render.long_html import unpack_level
+
+    finest = min(levels)
+    sums, maxes = unpack_level(levels[finest]["heads"]["0"]["1"], levels[finest]["n"])
+    np.testing.assert_allclose(sums, cap.atlas(0, 1, finest)[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(maxes, cap.atlas(0, 1, finest)[1], rtol=1e-6, atol=1e-7)
+    assert '<img alt="' in copy and "Trust Notebook" in copy  # where frames are stripped
+    assert view.static_html() is view.static_html()  # made once
+
+
+@pytest.mark.slow
+def test_the_static_copy_shows_the_view_with_no_kernel_and_no_network(
+        browser: Any, cap: Any, tmp_path: Path) -> None:
+    view = show_long(cap)
+    page_file = tmp_path / "saved.html"
+    page_file.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'><title>saved</title>"
+                         "</head><body>" + view.static_html() + "</body></html>",
+                         encoding="utf-8")
+    context = browser.new_context(viewport={"width": 1100, "height": 1000})
+    page = context.new_page()
+    outside: list[str] = []
+    errors: list[str] = []
+    watch(context, page, [page_file.as_uri(), "about:", "data:"], outside, errors,
+          requests=True)
+    try:
+        page.goto(page_file.as_uri())
+        wait_until(page, "document.querySelector('iframe') !== null")
+        frame = page.frames[1]
+        wait_until(frame, "document.documentElement.dataset.longReady === '1'")
+        wait_until(frame, "document.getElementById('long-level').dataset.level === 'atlas' "
+                          "&& !document.getElementById('long-legend').hidden")
+        block = int(frame.evaluate("document.getElementById('long-level').dataset.block"))
+        box = page.locator("iframe").bounding_box()
+        canvas = frame.locator("#long-canvas").bounding_box()
+        plot = frame.evaluate("window.attnvizLong.plot()")
+        assert box is not None and canvas is not None
+        page.mouse.move(canvas["x"] + plot["left"] + 0.3 * plot["side"] + 0.5,
+                        canvas["y"] + plot["top"] + 0.8 * plot["side"] + 0.5)
+        shown = frame.evaluate("Object.assign({}, document.getElementById('long-readout')"
+                               ".dataset)")
+        assert shown["kind"] == "atlas" and int(shown["block"]) == block
+        sums, maxes = cap.atlas(0, 0, block)
+        row, col = int(shown["row"]), int(shown["col"])
+        assert float(shown["max"]) == pytest.approx(float(maxes[row, col]), rel=1e-6,
+                                                    abs=1e-7)
+        wait_until(frame, "document.getElementById('long-stats').rows.length === 5")
+    finally:
+        context.close()
+    assert outside == [] and errors == []

@@ -306,7 +306,7 @@ def test_without_ray_installed_the_error_says_how_to_install(
         result = invoke(*args, *TOY, "--engine", "ray")
         assert result.exit_code == 1, result.output
         assert "Traceback" not in result.output
-        assert 'pip install "attnviz[ray]"' in result.stderr
+        assert 'pip install "ray[data]>=2.9"' in result.stderr
 
 
 def test_local_engine_never_imports_ray(corpus_file: Path) -> None:

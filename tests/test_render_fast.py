@@ -180,6 +180,8 @@ def test_head_figure_renders_reproducible_vectors() -> None:
     svg = figure.render(matrix, "toy: layer 0, head 1", "svg", 100)
     assert svg == figure.render(matrix, "toy: layer 0, head 1", "svg", 100)
     assert b"<svg" in svg and b"layer 0, head 1" in svg or b"head 1" in svg
-    assert [t.get_text() for t in figure.cells] == [f"{v:.2f}" for v in matrix.ravel().tolist()]
+    from attnviz.render.parts import cell_text  # "0.25", or "2e-4" for what reads 0.00
+
+    assert [t.get_text() for t in figure.cells] == [cell_text(v) for v in matrix.ravel().tolist()]
     pdf = figure.render(matrix, "t", "pdf", 100)
     assert pdf.startswith(b"%PDF") and pdf == figure.render(matrix, "t", "pdf", 100)

@@ -345,7 +345,7 @@ class Comparison:
                 f"(paired rows sum to 1 on both sides); {self.unit}s without a counterpart "
                 f"held {held(self.paired_share_a, 'A')} and "
                 f"{held(self.paired_share_b, 'B')}; A raw and B raw (a_raw, b_raw) are the "
-                f"weights before")
+                "weights before renormalisation")
 
     @property
     def mismatch(self) -> str:

@@ -7,6 +7,7 @@ to register them), so the package and its command modules never import each othe
 from __future__ import annotations
 
 import contextlib
+import inspect
 import signal
 import sys
 import threading
@@ -81,6 +82,45 @@ def _usage_exit(error: Any) -> typer.Exit:
     return typer.Exit(int(getattr(error, "exit_code", 2)))
 
 
+_ITEM_END = (".", ":")
+
+
+def reflow_help(text: str | None) -> str | None:
+    """A command's help with each paragraph's source line breaks joined, so the terminal wraps
+    it cleanly at any width (Typer keeps every line break of a docstring, and a paragraph
+    written at 100 columns then breaks raggedly at 80).
+
+    Kept as written: indented paragraphs (examples), click's ``\b`` blocks, and a break
+    before a line that starts a new item (``--layer L alone: ...`` after a line ending in
+    ``.`` or ``:``).
+    """
+    if not text:
+        return text
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    out = []
+    for paragraph in paragraphs:
+        lines = paragraph.split("\n")
+        if paragraph.startswith("\b") or any(line[:1].isspace() for line in lines):
+            out.append(paragraph)
+            continue
+        joined = lines[0].strip()
+        for line in lines[1:]:
+            line = line.strip()
+            if line.startswith("-") and joined.endswith(_ITEM_END):
+                joined += "\n" + line
+            else:
+                joined += " " + line
+        out.append(joined)
+    return "\n\n".join(out)
+
+
+def _reflow_commands(group: Any) -> None:
+    """:func:`reflow_help` on the help of every command below ``group``."""
+    for command in getattr(group, "commands", {}).values():
+        command.help = reflow_help(command.help)
+        _reflow_commands(command)
+
+
 class _Commands(TyperGroup):
     """The command group: one-line usage errors; says why it stopped on Ctrl-C or SIGTERM.
 
@@ -91,6 +131,11 @@ class _Commands(TyperGroup):
     Typer turns ``KeyboardInterrupt`` into a silent exit 130 before ``main()`` sees it, so the
     message is printed here, inside the command.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.help = reflow_help(self.help)
+        _reflow_commands(self)
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None,
                      **extra: Any) -> Any:

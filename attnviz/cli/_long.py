@@ -141,6 +141,6 @@ def topk_title(cap: LongCapture, layer: int, head: int | str, k: int) -> str:
     named = "mean of all heads" if head == "mean" else f"head {head}"
     notes = ", ".join(["long capture", f"{cap.num_tokens} tokens"]
                       + (["causal"] if cap.causal else []))
-    return f"{cap.model}: layer {layer}, {named} ({notes}), top {k}"
+    return f"{cap.model_label}: layer {layer}, {named} ({notes}), top {k}"
 
 

@@ -56,6 +56,7 @@ from attnviz.cli.core import TableFormat, _parse_head
 from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
+    from attnviz.analysis.compare import Side
     from attnviz.capture import Capture
 
 
@@ -73,7 +74,7 @@ COMPARE_HELP = "\n\n".join([
     "  attnviz compare \"The cat sat\" --model-a minilm --model-b ./my-bert",
     "  attnviz compare \"The cat sat on the mat\" --model toy --vs-causal --head 0",
     "  attnviz compare --from a/ --from b/ --layer 0 --head 3 --format json",
-    "  attnviz compare \"The cat sat on the mat\" \"The dog sat on the mat\" --measure norm",
+    "  attnviz compare \"The cat sat on the mat\" \"The dog sat on it\" --measure norm",
     "  attnviz compare \"The cat sat\" \"The dog sat\" --server http://127.0.0.1:8765",
 ])
 
@@ -184,6 +185,16 @@ def _panels(comparison: Any, labels: tuple[str, str], tokens: str | None,
     window = window_note(*windows[0])
     return (panels[0], panels[1], diff, f" ({window} of A)" if window else "",
             (keep_rows, keep_cols))
+
+
+def _layer_head_name(a: Side, b: Side) -> str:
+    """``L5_H3`` (``L5_mean``) of the layer and head as resolved (``--layer -1`` names the
+    last layer, as the table does); ``L5-11_H3`` when the sides' layers differ."""
+    def part(first: object, second: object) -> str:
+        return f"{first}" if first == second else f"{first}-{second}"
+
+    head = part(a.head, b.head)
+    return f"L{part(a.layer, b.layer)}_{head if head == 'mean' else f'H{head}'}"
 
 
 def _excerpt(text: str, size: int = 32) -> str:
@@ -357,7 +368,7 @@ def compare_command(
 
         digest = short_hash(cap_a.text, cap_b.text, cap_a.model, cap_b.model,
                             str(cap_a.causal), str(cap_b.causal), length=6)
-        shown = f"L{layer}_{'mean' if head_choice == 'mean' else f'H{head_choice}'}"
+        shown = _layer_head_name(comparison.a, comparison.b)
         shown += "" if cap_a.measure == "weights" else f"_{cap_a.measure}"
         shown += view_suffix(words=words, exclude_special=exclude_special, tokens=tokens,
                              queries=queries, keys=keys)

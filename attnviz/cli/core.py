@@ -145,7 +145,7 @@ def heatmap(
     window of one head is drawn exactly; without one, the figures show the atlas (the largest
     weight of each block of tokens; the title gives the block size).
 
-      cat book.txt | attnviz heatmap - --model ./llama --long -l 2 --head 3 --tokens 8000:8064
+      cat book.txt | attnviz heatmap - -m ./lm --long -l 2 --head 3 --tokens 0:64
     """
     head_choice = _parse_head(head)
     if head_choice is not None and layer is None:
@@ -366,7 +366,7 @@ def dump(
 
       attnviz dump "The cat sat on the mat" -o cat/
 
-      attnviz dump "The cat sat on the mat" --layers 0,2-4 --heads 0-5 --float16 -o cat.npy
+      attnviz dump "The cat sat" --layers 0,2-4 --heads 0-5 --float16 -o cat.npy
 
       attnviz dump "The cat sat on the mat" --measure norm -o cat-norm/
 
@@ -380,7 +380,7 @@ def dump(
     capture: a folder of queries, keys and log-sum-exp per layer (q_000.npy, k_000.npy,
     lse_000.npy) and its sidecar long.json; heatmap, top-k and heads read it back with --from.
 
-      cat book.txt | attnviz dump - --model ./llama --long --long-dtype bfloat16 -o book/
+      cat book.txt | attnviz dump - -m ./lm --long --long-dtype bfloat16 -o book/
 
     A folder holds one capture: once a dump into it is complete, the files of an earlier
     capture there (attention.npy, capture.json, long.json, q_/k_/lse_LLL.npy) are removed and

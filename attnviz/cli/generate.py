@@ -198,9 +198,9 @@ def generate_command(
 
       attnviz generate "The capital of France is" -m gpt2 --max-new-tokens 8
 
-      attnviz generate "Once upon a time" -m ./my-llama -n 20 -l 3 --head 5 -k 5 -f csv
+      attnviz generate "Once upon a time" -m ./llama -n 20 -l 3 --head 5 -f csv
 
-      attnviz generate "Once upon a time" -m ./my-llama --sample --seed 7 --dump story/
+      attnviz generate "Once upon a time" -m ./llama --sample --seed 7 --dump s/
     """
     check_output(out)
     from attnviz.errors import UsageError

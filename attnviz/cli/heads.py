@@ -127,7 +127,7 @@ HEADS_HELP = "\n\n".join([
     "Examples:",
     "  attnviz heads \"The cat sat on the mat.\"",
     "  attnviz heads --input sentences.txt --sort sep --format csv -o heads.csv",
-    "  attnviz heads --input corpus.jsonl --engine ray --workers 4 --gpus-per-worker 0.5",
+    "  attnviz heads --input t.jsonl --engine ray --workers 4 --gpus-per-worker 0.5",
     "  attnviz heads \"The cat sat on the mat.\" --plot heads.png --stat entropy",
     "  attnviz heads \"A B C D\" --model toy --causal --toy-layers 2",
     "A measure's rows are scaled to sum to 1 first:",
@@ -236,16 +236,21 @@ def _layer_table(layer_rows: list[dict[str, Any]], keys: Sequence[str],
     return table
 
 
-def fit_columns(rows: list[dict[str, Any]], keys: Sequence[str], width: int) -> list[str]:
-    """The statistics that fit ``width`` characters beside layer, head and label.
+def fit_columns(rows: list[dict[str, Any]], keys: Sequence[str], width: int,
+                layer_rows: list[dict[str, Any]] | None = None) -> list[str]:
+    """The statistics that fit ``width`` characters beside layer, head and label, and beside
+    the per-layer label counts in their short names (``layer_rows``), so neither table wraps.
 
-    Columns are taken in :data:`_PRIORITY` order while the table still fits, then shown in
+    Columns are taken in :data:`_PRIORITY` order while both tables still fit, then shown in
     display order; at least one is always kept.
     """
     chosen: list[str] = []
     for key in (k for k in _PRIORITY if k in keys):
         trial = [k for k in keys if k in chosen or k == key]
-        if _natural_width(_head_table(rows, trial, "")) <= width or not chosen:
+        fits = _natural_width(_head_table(rows, trial, "")) <= width and (
+            not layer_rows
+            or _natural_width(_layer_table(layer_rows, trial, short=True)) <= width)
+        if fits or not chosen:
             chosen.append(key)
     return [k for k in keys if k in chosen]
 
@@ -294,7 +299,7 @@ def _print_head_tables(rows: list[dict[str, Any]], layer_rows: list[dict[str, An
                        title: str, columns: list[str] | None) -> None:
     keys = [k for k in (*_STATS, "induction") if rows and k in rows[0]]
     width = _console_width()
-    shown = columns if columns is not None else fit_columns(rows, keys, width)
+    shown = columns if columns is not None else fit_columns(rows, keys, width, layer_rows)
     table = _head_table(rows, shown, title)
     if columns is not None:  # the columns asked for, whole, even if wider than the terminal
         width = max(width, _natural_width(table))

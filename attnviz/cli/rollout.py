@@ -35,6 +35,7 @@ from attnviz.fileio import check_output
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
+    from attnviz.request import CaptureRequest
 
 
 class MethodChoice(str, Enum):
@@ -163,7 +164,11 @@ def rollout_command(
 
     check_cmap(cmap)
     # --start-layer is checked against the model's config before it loads.
-    capture = session().run_full(options.request(start_layer=start_layer))
+    request = options.request(start_layer=start_layer)
+    if method is MethodChoice.flow:  # counted by the tokenizer alone, before the model loads
+        _check_flow_request(request, max_flow_tokens, exclude_special=exclude_special,
+                           words=words)
+    capture = session().run_full(request)
     view = view_of(capture, exclude_special=exclude_special, words=words)
     if method is MethodChoice.flow:
         result = flow_view(view, head_fusion.value, start_layer, token, max_flow_tokens)
@@ -196,3 +201,27 @@ def rollout_command(
     for path in (out_path, npy_path, bar_path):
         stdout.print(str(path), markup=False)
     stdout.print(result.summary(), markup=False)
+
+
+def _check_flow_request(request: CaptureRequest, max_tokens: int, *,
+                       exclude_special: bool = False, words: bool = False) -> None:
+    """Refuse a text over ``max_tokens`` before its model loads: the model's tokenizer alone
+    counts it (:func:`attnviz.models.count_tokens`). A saved capture, standard input, the toy
+    model, ``words`` (merged pieces: fewer rows) or a tokenizer that cannot be loaded alone
+    are left to :func:`flow_view`, which checks the view itself.
+
+    Raises:
+        UsageError: more tokens than ``max_tokens`` (after ``--max-tokens`` cuts the text).
+    """
+    if request.text is None or request.from_path is not None or words:
+        return
+    from attnviz.analysis import flow
+    from attnviz.models import count_tokens
+
+    count = count_tokens(request.model, request.text, request.pair,
+                         special=not exclude_special)
+    if count is None:
+        return
+    if request.max_tokens is not None and request.truncate:
+        count = min(count, request.max_tokens)
+    flow.check_flow_size(count, max_tokens)

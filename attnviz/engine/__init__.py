@@ -25,7 +25,7 @@ from attnviz.errors import AttnvizError, UsageError
 ENGINES: tuple[str, ...] = ("local", "ray")
 MAX_WORKERS = 1024  # Ray workers (actors) of one run
 MAX_GPUS_PER_WORKER = 8  # GPUs one worker may hold (fractions allowed below 1)
-INSTALL_RAY = 'pip install "attnviz[ray]"'
+INSTALL_RAY = 'pip install "ray[data]>=2.9"'  # what the ray extra holds (attnviz is not on PyPI)
 
 
 @dataclass

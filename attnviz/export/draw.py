@@ -86,17 +86,21 @@ def _head_template(task: RenderTask, shown: FigureView, titles: list[str],
     """The head frame of this text; ``figures`` (each ``[matrix]``) have their colour bar
     labels drawn with the titles, in one pass."""
     from attnviz.render.fast import head_template
+    from attnviz.render.parts import masked_cells
 
     rows, cols = tuple(shown.row_labels), tuple(shown.col_labels)
     label = shown.capture.measure_label or "attention weight"
+    masked = masked_cells((shown.rows.start, shown.rows.stop), (shown.cols.start, shown.cols.stop),
+                          causal=bool(shown.capture.causal))
     key = (task.folder, rows, cols, task.cmap, task.dpi, task.annot, _scale(task),
-           shown.row_divider, shown.col_divider, label)
+           shown.row_divider, shown.col_divider, label, shown.rows.start, shown.cols.start,
+           bool(shown.capture.causal))
     template = _HEAD_TEMPLATES.get(key)
     if template is None:
         template = head_template(rows, cols, cmap=task.cmap, dpi=task.dpi, annot=task.annot,
                                  titles=titles, scale=_scale(task),
                                  row_divider=shown.row_divider, col_divider=shown.col_divider,
-                                 figures=figures, label=label)
+                                 figures=figures, label=label, masked=masked)
         _remember(_HEAD_TEMPLATES, key, template, 1)
     else:
         template.prepare(titles, figures)

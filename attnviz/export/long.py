@@ -20,6 +20,7 @@ those of :mod:`attnviz.export`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -161,16 +162,18 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
                     name = folder_name(cap.text, cap.pair, item.id)
                     folder = safe_child(out_dir, name)
                     progress.begin_text(label, len(options.figures) + 3)
-                    try:
-                        files = write_text(cap, folder, options, progress)
-                    finally:
-                        cap.close()
                     manifest = {"format": MANIFEST_FORMAT, "format_version": 1,
-                                "complete": True, "long": True, "settings": settings,
+                                "complete": False, "long": True, "settings": settings,
                                 "origin": item.origin, "id": item.id, "text": cap.text,
                                 "pair": cap.pair, "model": cap.model,
                                 "num_tokens": cap.num_tokens, "layers": list(cap.layers),
-                                "heads": list(range(cap.num_heads)), "files": files}
+                                "heads": list(range(cap.num_heads)), "files": []}
+                    try:  # the folder is described (not complete) before its first file
+                        write_json(folder / MANIFEST, manifest)
+                        files = write_text(cap, folder, options, progress)
+                    finally:
+                        cap.close()
+                    manifest = {**manifest, "complete": True, "files": files}
                     with signals_held():
                         write_json(folder / MANIFEST, manifest)
                         index.add(folder_entry(number, item, name, manifest, "exported"))
@@ -179,18 +182,26 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
                     progress.advance(len(files) + 1)
                     progress.end_text(label, "exported", f"{name}: {len(files) + 1} files")
                 except AttnvizError as error:
-                    if (isinstance(error, OutputError) and not isinstance(error, LinkError)) or (
-                            isinstance(error, UsageError) and not isinstance(error, InputError)
-                            and item.dump is None):
+                    stop = (isinstance(error, OutputError) and not isinstance(error, LinkError))
+                    if stop or (isinstance(error, UsageError) and not isinstance(error, InputError)
+                                and item.dump is None):
+                        if stop and name is not None:  # the index says which text it stopped at
+                            summary.add_failure(label, error.message)
+                            with contextlib.suppress(OSError):  # its scratch file: same disk
+                                index.add(failed_entry(number, item, error.message,
+                                                       folder=name))
                         raise  # fits no text (or nothing can be written): stop; a link in
                         # one text's folder fails that text only, as in a normal export
                     summary.add_failure(label, error.message)
                     index.add(failed_entry(number, item, error.message, folder=name))
                     progress.end_text(label, "failed", error.message)
         except BaseException:
-            if index.count:
-                summary.seconds = time.perf_counter() - started
-                index.finish(index_header(summary, settings, {"name": request.spec.name}))
+            summary.seconds = time.perf_counter() - started
+            if index.count:  # what was done (and where it stopped) stays listed
+                try:
+                    index.finish(index_header(summary, settings, {"name": request.spec.name}))
+                except (AttnvizError, OSError):  # a full disk may not hold the index either
+                    index.discard()
             else:
                 index.discard()
             raise

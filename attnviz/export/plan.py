@@ -93,7 +93,7 @@ def _read_lines(handle: IO[bytes], name: str, *, close: bool) -> Iterator[Export
             number += 1
             origin = f"line {number} of {name}"
             if len(raw) > INPUT_LINE_LIMIT and not raw.endswith(b"\n"):
-                yield ExportItem(origin=origin, error=f"{origin} is longer than the limit of "
+                yield ExportItem(origin=origin, error="longer than the limit of "
                                  f"{INPUT_LINE_LIMIT >> 20} MiB")
                 _skip_line(handle, origin, name)
                 continue
@@ -103,7 +103,7 @@ def _read_lines(handle: IO[bytes], name: str, *, close: bool) -> Iterator[Export
                 line = raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as exc:
                 yield ExportItem(origin=origin,
-                                 error=f"{origin} is not valid UTF-8 (byte {exc.start})")
+                                 error=f"not valid UTF-8 (byte {exc.start})")
                 continue
             if not line.strip():
                 yield ExportItem(origin=origin, blank=True)

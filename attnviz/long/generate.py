@@ -450,6 +450,23 @@ def check_max_new_tokens(value: int) -> None:
                          f"not {value!r:.40}", "e.g. --max-new-tokens 20")
 
 
+def prompt_fit_advice(limit: int, prompt_length: int, max_new_tokens: int) -> str:
+    """What fits in a model's ``limit`` positions: how many prompt tokens leave room for
+    ``max_new_tokens`` (``--max-tokens`` cuts the prompt to that), and how many new tokens
+    the prompt as it is leaves room for (only when that is at least one)."""
+    if max_new_tokens >= limit:
+        return (f"the model holds {limit} positions: use --max-new-tokens {limit - 1} or "
+                "less, with a one-token prompt")
+    fit = limit - max_new_tokens
+    advice = (f"{fit} prompt token{'s' if fit != 1 else ''} fit with {max_new_tokens} new "
+              f"token{'s' if max_new_tokens != 1 else ''}: shorten the prompt, or cut it with "
+              f"--max-tokens {fit}")
+    room = limit - prompt_length
+    if room >= 1:
+        advice += f"; or keep the prompt and use --max-new-tokens {room} or less"
+    return advice
+
+
 def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
              sample: bool = False, seed: int | None = None, layers: list[int] | None = None,
              heads: list[int] | None = None, max_tokens: int | None = None,
@@ -498,8 +515,7 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
     if limit is not None and prompt_length + max_new_tokens > limit:
         raise UsageError(f"the prompt ({prompt_length} tokens) and --max-new-tokens "
                          f"{max_new_tokens} pass the {limit} positions of {source.name}",
-                         f"use --max-new-tokens {max(limit - prompt_length, 1)} or less, or "
-                         "a shorter prompt")
+                         prompt_fit_advice(limit, prompt_length, max_new_tokens))
     keep_layers, keep_heads = source._selection(layers, heads)
     size = 4 * len(keep_layers) * len(keep_heads) * max_new_tokens * (
         prompt_length + max_new_tokens)

@@ -272,8 +272,16 @@ class LongCapture:
         if self._cleanup is not None:
             self._cleanup()
 
+    @property
+    def model_label(self) -> str:
+        """The model's name for titles: a local folder's name, not its path
+        (:func:`~attnviz.capture_build.model_label`); :attr:`model` keeps the path."""
+        from attnviz.capture_build import model_label
+
+        return model_label(self.model)
+
     def __repr__(self) -> str:
-        return (f"LongCapture(model={self.model!r}, tokens={self.num_tokens}, "
+        return (f"LongCapture(model={self.model_label!r}, tokens={self.num_tokens}, "
                 f"layers={len(self.layers)}, heads={self.num_heads}, "
                 f"kv_heads={self.num_kv_heads}, dtype={self.dtype}, folder='{self.folder}')")
 

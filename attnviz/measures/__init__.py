@@ -110,13 +110,16 @@ def compute(name: str, model: Any, inputs: dict[str, Any], config: Any) -> list[
 
     Args:
         name: a measure (see :data:`MEASURES`).
-        model: a Hugging Face model loaded with eager attention (``bert``, ``gpt2`` or
-            ``llama``; :func:`attnviz.measures._collect.supported_text` lists what works).
+        model: a Hugging Face model loaded with eager attention, of a model type with an
+            adapter (:func:`attnviz.measures._adapters.supported_text` lists the types and
+            the measures each supports; docs/analysis.md has the table).
         inputs: the model's keyword arguments (``input_ids``, ``attention_mask``, ...).
         config: the model's configuration (its ``model_type`` picks the architecture).
 
     Raises:
         UsageError: unknown measure, or a measure not defined for the model type.
+        ModelLoadError: no eager attention weights, or the model's own pass differs from what
+            the adapter rebuilds from its parameters (an option the adapter does not model).
     """
     canonical = check_measure(name)
     if canonical == "weights":

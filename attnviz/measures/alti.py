@@ -17,7 +17,10 @@ rollout (``attnviz rollout --measure alti``).
 
 For pre-LN models (GPT-2, Llama) the norm before the attention acts on each token alone, so it
 is part of ``f(x_j)`` exactly, ``T_i(x_j) = sum_h alpha^h_ij f_h(LN(x_j)) + [i == j] x_i`` and
-``y_i`` is the residual stream after the attention (``+ b_O``).
+``y_i`` is the residual stream after the attention (``+ b_O``). An RMSNorm on the attention's
+output before the residual sum (Gemma 2/3, OLMo 2/3) is made linear by fixing its scale to its
+real input's root mean square, as the post-LN LayerNorm is; Granite's residual multiplier scales
+the attention terms. The rebuilt ``y_i`` is checked against the model's real block output.
 """
 
 from __future__ import annotations
@@ -44,13 +47,13 @@ def alti_layers(model: Any, inputs: dict[str, Any], config: Any) -> list[torch.T
     adapter = adapter_for(config, "alti")
     records = collect(model, inputs, adapter)
     result = []
-    for layer, record in zip(layers_of(model, adapter), records):
+    for index, (layer, record) in enumerate(zip(layers_of(model, adapter), records)):
         assert record.probs is not None
         batch, heads, tokens, _ = record.probs.shape
         parts = layer_parts(layer, adapter, heads)
         out = torch.zeros(batch, tokens, tokens, dtype=torch.float64,
                           device=record.probs.device)
-        for rows, vectors, output in block_vectors(record, parts, heads, adapter.post_ln):
+        for rows, vectors, output in block_vectors(record, parts, heads, adapter, index):
             distance = (output[:, :, None, :] - vectors).abs().sum(-1)  # [B, q, key]
             closeness = (output.abs().sum(-1)[:, :, None] - distance).clamp(min=0)
             total = closeness.sum(-1, keepdim=True)

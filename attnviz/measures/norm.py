@@ -12,13 +12,22 @@ the weighting, as in the reference code); the output bias ``b_O`` is added once 
 are summed, belongs to no token and is left out. ``x`` is what the value projection reads: the
 layer's input in BERT, the pre-norm output ``LN(x)`` / ``RMSNorm(x)`` in GPT-2 and Llama. In
 grouped-query attention, head ``h`` uses its group's value head. Rows are not normalised.
+``f`` ends at the output projection: a norm or factor applied to the attention's output later
+(Gemma 2/3's and OLMo 2/3's output RMSNorm, Granite's residual multiplier) is not part of it,
+as BERT's LayerNorm is not (``alti`` includes them).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from attnviz.measures._collect import adapter_for, collect, layer_parts, layers_of, transformed
+from attnviz.measures._collect import (
+    adapter_for,
+    check_value_path,
+    collect,
+    layer_parts,
+    layers_of,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -32,11 +41,11 @@ def norm_layers(model: Any, inputs: dict[str, Any], config: Any) -> list[torch.T
     records = collect(model, inputs, adapter)
     layers = layers_of(model, adapter)
     result = []
-    for layer, record in zip(layers, records):
+    for index, (layer, record) in enumerate(zip(layers, records)):
         assert record.probs is not None
         heads = int(record.probs.shape[1])
         parts = layer_parts(layer, adapter, heads)
-        lengths = transformed(record, parts, heads).norm(dim=-1)  # [B, H, key]
+        lengths = check_value_path(record, parts, heads, adapter, index).norm(dim=-1)  # [B,H,k]
         probs = record.probs.to(torch.float64)  # [B, H, query, key]
         result.append((probs * lengths[:, :, None, :]).to(torch.float32))
     return result

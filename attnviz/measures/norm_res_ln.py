@@ -12,8 +12,8 @@ As in the reference: the residual ``x_i`` goes to ``j = i`` alone; each ``z_ij``
 its own mean; ``var`` is the biased variance of the real LayerNorm input (which includes
 ``b_O``); ``b_O`` and LayerNorm's ``beta`` are attributed to no token. The measure is defined per
 layer (the residual is not split among heads): the one ``[query, key]`` matrix is repeated for
-every head. Rows are not normalised. Pre-LN models (GPT-2, Llama) have no LayerNorm after the
-residual sum, so the measure is not defined for them (a UsageError).
+every head. Rows are not normalised. Decoders (GPT-2, Llama, Gemma 2, ...) have no LayerNorm
+after the residual sum, so the measure is not defined for them (a UsageError).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from attnviz.measures._collect import (
     adapter_for,
+    check_value_path,
     collect,
     layer_parts,
     layers_of,
     per_layer,
     probs64,
-    transformed,
 )
 
 if TYPE_CHECKING:
@@ -47,14 +47,14 @@ def norm_res_ln_layers(model: Any, inputs: dict[str, Any], config: Any) -> list[
     adapter = adapter_for(config, "norm-res-ln")
     records = collect(model, inputs, adapter)
     result = []
-    for layer, record in zip(layers_of(model, adapter), records):
+    for index, (layer, record) in enumerate(zip(layers_of(model, adapter), records)):
         assert record.probs is not None and record.residual is not None
         assert adapter.post_ln
         heads = int(record.probs.shape[1])
         parts = layer_parts(layer, adapter, heads)
         assert parts.ln_weight is not None
         gamma = parts.ln_weight
-        fx = transformed(record, parts, heads)  # [B, H, T, D]
+        fx = check_value_path(record, parts, heads, adapter, index)  # [B, H, T, D]
         probs = probs64(record)  # [B, H, query, key]
         residual = record.residual.to(torch.float64)  # [B, T, D]
         pre = torch.einsum("bhqk,bhkd->bqd", probs, fx) + residual  # the LayerNorm's input

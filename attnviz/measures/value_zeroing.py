@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from attnviz.measures._collect import (
     CHUNK_BYTES,
@@ -28,7 +28,10 @@ from attnviz.measures._collect import (
     adapter_for,
     collect,
     layers_of,
+    mismatch_error,
     per_layer,
+    relative_mismatch,
+    value_columns,
 )
 
 if TYPE_CHECKING:
@@ -54,18 +57,19 @@ def _row(value: Any, row: int, batch: int) -> Any:
 
 
 @contextlib.contextmanager
-def _zeroing(module: nn.Module, adapter: Adapter, positions: list[int]) -> Iterator[None]:
-    """Zero the value vector of ``positions[c]`` in copy ``c`` of the batch (all heads)."""
+def _zeroing(module: nn.Module, columns: tuple[int, int],
+             positions: list[int]) -> Iterator[None]:
+    """Zero the value vector (output ``columns`` of the value module) of ``positions[c]`` in
+    copy ``c`` of the batch (all heads)."""
     import torch
 
-    index, parts = adapter.value_slice
+    start, stop = columns
 
     def hook(_module: nn.Module, _args: Any, output: torch.Tensor) -> torch.Tensor:
-        width = output.shape[-1] // parts
         output = output.clone()
         rows = torch.arange(len(positions), device=output.device)
-        columns = torch.tensor(positions, device=output.device)
-        output[rows, columns, index * width:(index + 1) * width] = 0
+        tokens = torch.tensor(positions, device=output.device)
+        output[rows, tokens, start:stop] = 0
         return output
 
     handle = module.register_forward_hook(hook)
@@ -73,6 +77,18 @@ def _zeroing(module: nn.Module, adapter: Adapter, positions: list[int]) -> Itera
         yield
     finally:
         handle.remove()
+
+
+def _value_columns(layer: nn.Module, adapter: Adapter, heads: int) -> tuple[int, int]:
+    """The value module's output columns that hold the value vectors."""
+    import torch
+
+    value = cast(torch.Tensor, layer.get_submodule(adapter.value).weight)
+    inner = cast(torch.Tensor, layer.get_submodule(adapter.out_proj).weight)  # [out, in] ([in,
+    # out] for Conv1D)
+    width = int(value.shape[1] if adapter.conv1d else value.shape[0])
+    head_dim = int(inner.shape[0] if adapter.conv1d else inner.shape[1]) // heads
+    return value_columns(adapter, width, heads, head_dim)
 
 
 def _rerun(layer: nn.Module, record: LayerRecord, row: int, batch: int,
@@ -99,7 +115,7 @@ def value_zeroing_layers(model: Any, inputs: dict[str, Any], config: Any) -> lis
     adapter = adapter_for(config, "value-zeroing")
     records = collect(model, inputs, adapter, keep_layer_calls=True)
     result = []
-    for layer, record in zip(layers_of(model, adapter), records):
+    for index, (layer, record) in enumerate(zip(layers_of(model, adapter), records)):
         assert record.probs is not None and record.residual is not None
         batch, heads, tokens, _ = record.probs.shape
         width = int(record.residual.shape[-1])
@@ -107,14 +123,19 @@ def value_zeroing_layers(model: Any, inputs: dict[str, Any], config: Any) -> lis
         step = max(1, 4 * CHUNK_BYTES // (8 * tokens * (heads * tokens + 8 * width)))
         twin = copy.deepcopy(layer).to(torch.float64).eval()
         value_module = twin.get_submodule(adapter.value)
+        columns = _value_columns(twin, adapter, heads)
         scores = torch.zeros(batch, tokens, tokens, dtype=torch.float64,
                              device=record.residual.device)
         with torch.inference_mode():
             for row in range(batch):
                 original = _rerun(twin, record, row, batch, 1)  # [1, T, D]
+                if record.output is not None:  # the rerun must be the layer's real pass
+                    difference = relative_mismatch(original[0], record.output[row])
+                    if difference is not None:
+                        raise mismatch_error(adapter, f"a rerun of layer {index}", difference)
                 for start in range(0, tokens, step):
                     positions = list(range(start, min(tokens, start + step)))
-                    with _zeroing(value_module, adapter, positions):
+                    with _zeroing(value_module, columns, positions):
                         zeroed = _rerun(twin, record, row, batch, len(positions))  # [n, T, D]
                     cosine = torch.nn.functional.cosine_similarity(zeroed, original, dim=-1)
                     scores[row, :, start:start + len(positions)] = (1 - cosine).clamp(min=0).T

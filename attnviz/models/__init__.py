@@ -282,3 +282,37 @@ def model_shape(spec: ModelSpec | str | None = None) -> ModelShape | None:
     except (OSError, ValueError):
         return None
     return shape_from_config(config) if isinstance(config, dict) else None
+
+
+def count_tokens(spec: ModelSpec | str | None, text: str, pair: str | None = None, *,
+                 special: bool = True) -> int | None:
+    """How many tokens a Hugging Face model's tokenizer makes of ``text`` (and ``pair``),
+    loading the tokenizer alone: no weights, so a size check can come before the slow load.
+
+    ``special``: count the special tokens the tokenizer adds ([CLS], [SEP]). Returns ``None``
+    when the tokenizer cannot be had that way (the toy model, a model not downloaded yet, a
+    tokenizer that fails): the caller then counts after loading, as before.
+    """
+    if spec is None:
+        spec = ModelSpec()
+    elif isinstance(spec, str):
+        spec = ModelSpec(name=spec)
+    if spec.name == TOY_MODEL:
+        return None
+    try:
+        config = _config_file(spec)
+    except Exception:  # a name the load will report properly
+        return None
+    if config is None or not config.is_file():
+        return None
+    try:
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(config.parent), revision=spec.revision,
+            trust_remote_code=spec.trust_remote_code, local_files_only=True)
+        return len(tokenizer(text, pair, add_special_tokens=special)["input_ids"])
+    except Exception:  # noqa: BLE001 - any failure: the usual load says what is wrong
+        return None

@@ -4,8 +4,9 @@ what went wrong and what to do next."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from attnviz.errors import ModelLoadError
@@ -46,6 +47,29 @@ def _quiet_logger(name: str) -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def fitting_tokens(shapes: Sequence[tuple[int, ...]], budget: int) -> int:
+    """The most tokens per text at which float32 arrays of ``shapes`` (``[layer, head, query,
+    key]``, one or more per text) take at most ``budget`` bytes."""
+    per_square = 4 * sum(int(shape[0]) * int(shape[1]) for shape in shapes)
+    return max(int(math.isqrt(max(budget, 0) // max(per_square, 1))), 0)
+
+
+def memory_advice(shapes: Sequence[tuple[int, ...]], budget: int, measure: str = "weights"
+                  ) -> str:
+    """What to do when a capture of ``shapes`` does not fit ``budget`` bytes: the number of
+    tokens that does fit (``--max-tokens N``), and the long path only where it applies (the
+    attention weights; a measure has none)."""
+    fit = fitting_tokens(shapes, budget)
+    cut = (f"cut the input to {fit} tokens, which fit (--max-tokens {fit})" if fit >= 3
+           else "free some memory (not even 3 tokens fit now)")
+    if measure != "weights":
+        return (f"{cut}, or shorten the text; --measure {measure} is computed for every layer "
+                "and head, and the long path holds attention weights only")
+    return (f"{cut}; or take the long path where the command has one (--long: exact weights "
+            "on demand, memory as tokens x head size), select fewer layers or heads "
+            "(--layers, --heads), or write it straight to disk: attnviz dump ... --float16")
 
 
 def _size(nbytes: int) -> str:

@@ -30,6 +30,7 @@ from attnviz.models._loading import (  # noqa: F401 - bundled_model_path is re-e
     _size,
     _weights_fingerprint,
     bundled_model_path,
+    memory_advice,
 )
 from attnviz.models._torch import DEVICE_MAPS
 
@@ -502,7 +503,8 @@ class HFSource:
         self._run(enc, layers, None if every_head else heads, sink)
         return [bool(flag) and stop - start > 1 for flag, (start, stop) in zip(causal, spans)]
 
-    def _check_memory(self, shapes: Sequence[tuple[int, ...]]) -> None:
+    def _check_memory(self, shapes: Sequence[tuple[int, ...]], measure: str = "weights"
+                      ) -> None:
         """Refuse a capture that cannot fit in free memory, before running the model."""
         try:
             import psutil
@@ -513,12 +515,11 @@ class HFSource:
         if needed <= 0.9 * available:
             return
         layers, heads, tokens = shapes[0][0], shapes[0][1], max(s[-1] for s in shapes)
+        what = "this capture" if measure == "weights" else f"--measure {measure}"
         raise InputError(
-            f"this capture needs {_size(needed)} ({layers} layers x {heads} heads x "
-            f"{tokens}x{tokens} tokens, float32) but only {_size(available)} of memory is free",
-            "take the long path (--long: exact weights on demand, memory as tokens x head "
-            "size), select fewer layers or heads (--layers, --heads), shorten the input "
-            "(--max-tokens), or write it straight to disk: attnviz dump ... --float16")
+            f"{what} needs {_size(needed)} ({layers} layers x {heads} heads x "
+            f"{tokens}x{tokens} values, float32) but only {_size(available)} of memory is free",
+            memory_advice(shapes, int(0.9 * available), measure))
 
     def _unknown_warnings(self, text: str, pair: str | None, tokens: list[str],
                           special: list[bool]) -> list[str]:
@@ -606,10 +607,10 @@ class HFSource:
         # A measure is computed for every layer and head before the selection is kept.
         every = [(self.num_layers, self.num_heads, size, size)] if measure != "weights" else []
         if allocate is None:
-            self._check_memory([*every, shape])  # the message names the larger
+            self._check_memory([*every, shape], measure)  # the message names the larger
             weights = np.empty(shape, dtype=np.float32)
         else:
-            self._check_memory(every)
+            self._check_memory(every, measure)
             weights = allocate(shape)
         (causal,) = self._fill(enc, keep_layers, keep_heads, [weights], [(0, size)])
         if measure != "weights":

@@ -83,7 +83,7 @@ def block_labels(cap: LongCapture, block: int) -> list[str]:
 
 def _title(cap: LongCapture, what: str, notes: list[str]) -> str:
     extra = f" ({', '.join(notes)})" if notes else ""
-    return f"{cap.model}: {what}{extra}"
+    return f"{cap.model_label}: {what}{extra}"
 
 
 def long_notes(cap: LongCapture) -> list[str]:
@@ -98,8 +98,10 @@ def tile_head_figure(cap: LongCapture, layer: int, head: int | str, rows: tuple[
     """One head's (or the mean's) exact weights in a window, drawn as ``attnviz heatmap
     --layer --head`` draws a head."""
     from attnviz.render.head import draw_head_artists
+    from attnviz.render.parts import masked_cells
 
     matrix = head_matrix(cap, layer, head, rows, cols)
+    masked = masked_cells(rows, cols, causal=bool(cap.causal), window=cap.windows.get(layer))
     tokens = cap.display_tokens
     named = "mean of all heads" if head == "mean" else f"head {head}"
     notes = [f"queries {rows[0]}:{rows[1]}, keys {cols[0]}:{cols[1]} of {cap.num_tokens}",
@@ -108,7 +110,7 @@ def tile_head_figure(cap: LongCapture, layer: int, head: int | str, rows: tuple[
                              list(tokens[cols[0]:cols[1]]),
                              title=_title(cap, f"layer {layer}, {named}", notes),
                              cmap=options.cmap, annot=options.annot,
-                             scale=options.colour_scale(), dpi=options.dpi)
+                             scale=options.colour_scale(), dpi=options.dpi, masked=masked)
 
 
 def atlas_head_figure(cap: LongCapture, layer: int, head: int | str, *,

@@ -27,6 +27,8 @@ DEFAULT_VMAX = "auto"
 GAMMA_RANGE = (0.05, 5.0)
 VMAX_LIMIT = 1e6
 LOG_DECADES = 3  # the log scale shows weights from top / 1000 to top
+#: The colour of masked cells (a key the query cannot see), as the long view draws them.
+MASKED_RGB = (232, 233, 236)
 
 
 #: seaborn's perceptually uniform colour maps (``_r`` reverses each): selectable by name
@@ -251,7 +253,13 @@ class ResolvedScale:
         top = "top = max shown" if self.auto else f"top = {_format_value(self.top)} (fixed)"
         return f"{what}\n{self.name}, {top}"
 
-    def colours(self, matrix: np.ndarray, table: ColourTable) -> tuple[np.ndarray, np.ndarray]:
-        """``(rgb, bins)`` of a ``[query, key]`` matrix: uint8 ``[query, key, 3]`` and bins."""
+    def colours(self, matrix: np.ndarray, table: ColourTable,
+                masked: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(rgb, bins)`` of a ``[query, key]`` matrix: uint8 ``[query, key, 3]`` and bins;
+        ``masked`` cells (boolean ``[query, key]``) are drawn in :data:`MASKED_RGB`."""
         bins = table.unit_bins(self.unit(matrix))
-        return table.rgb[bins], bins
+        rgb = table.rgb[bins]
+        if masked is not None and masked.any():
+            rgb = rgb.copy()
+            rgb[masked] = MASKED_RGB
+        return rgb, bins

@@ -62,6 +62,7 @@ from attnviz.render.layout import (  # noqa: E402
     title_lines,
     wrap_text,
 )
+from attnviz.render.parts import cell_text  # noqa: E402
 from attnviz.render.png import PNG_LEVEL, PngWriter, encode_png  # noqa: E402, F401  (re-exported)
 from attnviz.render.stamps import (  # noqa: E402
     _BLEND,
@@ -103,6 +104,7 @@ class FrameTemplate:
     ticks: list[_Slot] = field(default_factory=list)
     annotations: _Annotations | None = None
     black: np.ndarray | None = None  # the frame over black images, when not all overlays are
+    masked: np.ndarray | None = None  # [query, key] cells a query cannot see: grey, no value
     _buffer: np.ndarray | None = None
     _dirty: list[tuple[int, int, int, int]] = field(default_factory=list)
     _writer: PngWriter | None = None
@@ -204,7 +206,9 @@ class FrameTemplate:
         if matrix.shape != (box.num_query, box.num_key):
             raise ValueError(f"matrix has shape {matrix.shape}, the figure was drawn for "
                              f"{(box.num_query, box.num_key)}")
-        rgb, bins = resolved.colours(matrix, self.colours)
+        masked = self.masked if (self.masked is not None
+                                 and self.masked.shape == matrix.shape) else None
+        rgb, bins = resolved.colours(matrix, self.colours, masked)
         lines = rgb[:, box.col_index]  # [query, box width, 3]
         region = out[box.top:box.bottom, box.left:box.right]
         np.take(lines, box.row_index, axis=0, out=region, mode="clip")  # the nearest upscale
@@ -215,7 +219,10 @@ class FrameTemplate:
             region[box.ring_rows, box.ring_cols] = np.clip(mixed, 0, 255).astype(np.uint8)
         notes = self.annotations
         if notes is not None:
-            values = [f"{v:.2f}" for v in matrix.ravel().tolist()]
+            values = [cell_text(v) for v in matrix.ravel().tolist()]
+            if masked is not None:
+                values = ["" if hidden else value
+                          for value, hidden in zip(values, masked.ravel().tolist())]
             missing = [v for v in dict.fromkeys(values) if v not in notes.index]
             if missing:
                 self._add_sprites(missing)
@@ -314,7 +321,8 @@ def head_template(rows: Sequence[str], cols: Sequence[str], *, cmap: str = "viri
                   titles: Sequence[str] = (), scale: ColourScale | None = None,
                   row_divider: int | None = None, col_divider: int | None = None,
                   figures: Iterable[Sequence[np.ndarray]] = (),
-                  label: str = "attention weight") -> FrameTemplate:
+                  label: str = "attention weight",
+                  masked: np.ndarray | None = None) -> FrameTemplate:
     """The frame of :func:`~attnviz.render.head.draw_head` for these token labels.
 
     Args:
@@ -330,6 +338,8 @@ def head_template(rows: Sequence[str], cols: Sequence[str], *, cmap: str = "viri
         figures: data of figures to come (each a ``[matrix]``): their colour bar labels are
             drawn with the titles, in one pass.
         label: what the colour bar shows (a measure's name, e.g. ``norm ||αf(x)||``).
+        masked: boolean ``[query, key]``: the cells a query cannot see (a causal model's later
+            keys), drawn grey and without a value, as ``draw_head`` draws them.
     """
     num_query, num_key = len(rows), len(cols)
     colour_scale = _scale_of(scale)
@@ -358,7 +368,7 @@ def head_template(rows: Sequence[str], cols: Sequence[str], *, cmap: str = "viri
         box = _box_from_extent(_extent(art.ax.get_window_extent()), frame, num_query, num_key,
                                black)
     template = FrameTemplate(frame, [box], colour_table(cmap), dpi, colour_scale, title=title,
-                             ticks=ticks, black=black)
+                             ticks=ticks, black=black, masked=masked)
     if art.annot:
         _with_annotations(template)
     template.prepare(titles, figures)
@@ -463,6 +473,6 @@ class HeadFigure:
         if self.cells:
             light = self.colours.light_text[bins].ravel().tolist()
             for text, value, white in zip(self.cells, matrix.ravel().tolist(), light):
-                text.set_text(f"{value:.2f}")
+                text.set_text(cell_text(value))
                 text.set_color("white" if white else "black")
         return figure_bytes(self.fig, fmt, dpi)

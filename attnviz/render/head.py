@@ -88,18 +88,25 @@ def draw_head_artists(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[st
                       label: str = "attention weight", row_name: str = "query (attending)",
                       col_name: str = "key (attended to)", ax: Axes | None = None,
                       title_lines_hint: int = 0, digits: int = 2,
-                      write_values: bool = True) -> HeadArtists:
+                      write_values: bool = True,
+                      masked: np.ndarray | None = None) -> HeadArtists:
     """:func:`draw_head`, returning the artists (the fast renderer and ``HeadFigure`` use them).
 
     ``title_lines_hint`` reserves room for a title of that many lines (the frame of several
     titles is laid out for the longest); ``write_values=False`` lays the figure out for cell
-    values without writing them (the fast renderer writes its own).
+    values without writing them (the fast renderer writes its own). ``masked`` (boolean
+    ``[query, key]``) cells are keys the query cannot see: drawn grey, without a value.
     """
     matrix = np.asarray(matrix, dtype=np.float32)
     colour_scale = _scale(scale, gamma, vmax)
     resolved = colour_scale.resolve(matrix)
     table = colour_table(check_cmap(cmap))
-    rgb, bins = resolved.colours(matrix, table)
+    if masked is not None:
+        masked = np.asarray(masked, dtype=bool)
+        if masked.shape != matrix.shape:
+            raise ValueError(f"masked has shape {masked.shape}, the matrix {matrix.shape}")
+        resolved = colour_scale.resolve(np.where(masked, 0.0, matrix).astype(np.float32))
+    rgb, bins = resolved.colours(matrix, table, masked)
     num_query, num_key = matrix.shape
     with plain_text():
         if ax is None:
@@ -152,7 +159,7 @@ def draw_head_artists(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[st
                     label_size, room=row_room)
         _divider(ax, row_divider, "y")
         _divider(ax, col_divider, "x")
-        cells = (_annotate(ax, matrix, bins, table, digits=digits)
+        cells = (_annotate(ax, matrix, bins, table, digits=digits, masked=masked)
                  if annotate and write_values else [])
         wrapped = wrap_text(title, title_width, TITLE_PT)
         if layout is not None:  # just above the plot: a shorter title leaves room at the top

@@ -212,12 +212,18 @@ def capture_head_figure(capture: Any, layer: int, head: int | str = "mean", *,
     view = shown.capture
     matrix = (view.mean_matrix(layer) if isinstance(head, str)
               else view.matrix(layer, head))
+    from attnviz.render.parts import masked_cells
+
+    # A causal view keeps its order (words merged, special tokens dropped): a later key is
+    # masked in it too.
+    masked = masked_cells((shown.rows.start, shown.rows.stop),
+                          (shown.cols.start, shown.cols.stop), causal=bool(view.causal))
     return draw_head_artists(
         shown.crop(matrix), shown.row_labels, shown.col_labels,
         title=head_title(view, layer, head, shown.suffix), cmap=options.cmap,
         annot=options.annot, scale=options.colour_scale(), dpi=options.dpi,
         row_divider=shown.row_divider, col_divider=shown.col_divider, ax=ax,
-        label=view.measure_label or "attention weight")
+        label=view.measure_label or "attention weight", masked=masked)
 
 
 def capture_grid_figure(capture: Any, layer: int | None = None, *,

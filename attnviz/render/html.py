@@ -265,7 +265,7 @@ def default_title(captures: Sequence[Capture]) -> str:
         text = " ".join(captures[0].text.split())
         short = text if len(text) <= 60 else text[:59] + "\u2026"
         measure = captures[0].measure_label
-        return f"attnviz: {captures[0].model}{', ' + measure if measure else ''}: {short}"
+        return f"attnviz: {captures[0].model_label}{', ' + measure if measure else ''}: {short}"
     return f"attnviz: {len(captures)} texts"
 
 

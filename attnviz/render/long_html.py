@@ -25,6 +25,13 @@ Layout of the embedded JSON (``<script type="application/json" id="attnviz-long-
 
 Coarser levels come from the finest kept one by adding (sums) and taking the largest (maxima)
 over 2 x 2 blocks, so the capture is read once per head.
+
+When every head's whole ``[T, T]`` matrix (and each layer's mean) fits the same cell budget,
+the report also carries them, exactly (``"exact": {"<layer>": {"0": data, ..., "mean": data}}``,
+each ``T x T`` little-endian float32, zlib + base64, and ``"tile": {"max_values": T * T,
+"view_side": T}``): the view then opens on exact cells with their values, as at the server, so
+a short text reads token by token (a 12-token sentence with 12 layers of 12 heads takes 29,952
+cells).
 """
 
 from __future__ import annotations
@@ -81,10 +88,22 @@ def long_page(*, title: str, generator: str, source: str, style: str, data: str,
         style=style, body=long_body(title), data=data, script=script)
 
 
+def colour_script() -> str:
+    """The colour part of ``report.js`` (viridis and the command line's colour scales: every
+    top-level definition before ``attnvizMount``), which the long view paints with too."""
+    script = asset("report.js")
+    return script[:script.index("function attnvizMount(")]
+
+
+def long_script() -> str:
+    """The long view's whole script: :func:`colour_script` then ``long.js``."""
+    return colour_script() + "\n" + asset("long.js")
+
+
 def long_module() -> str:
-    """``long.js`` as an ES module exporting ``mount`` and ``offlineSource`` (the notebook
-    widget mounts it in a shadow root holding :func:`long_body` and ``long.css``)."""
-    return (asset("long.js") + "\nexport { attnvizLongMount as mount, "
+    """:func:`long_script` as an ES module exporting ``mount`` and ``offlineSource`` (the
+    notebook widget mounts it in a shadow root holding :func:`long_body` and ``long.css``)."""
+    return (long_script() + "\nexport { attnvizLongMount as mount, "
             "attnvizLongOfflineSource as offlineSource };\n")
 
 
@@ -175,6 +194,7 @@ def long_info(capture: LongCapture) -> dict[str, Any]:
     """What the view needs to know of a long capture (not its weights)."""
     return {
         "model": str(capture.model),
+        "model_label": capture.model_label,
         "text": str(capture.text),
         "num_tokens": int(capture.num_tokens),
         "num_layers": int(capture.num_layers),
@@ -252,12 +272,22 @@ def long_report_data(capture: LongCapture, *, title: str | None = None,
             "title": title or default_title(capture), **long_info(capture),
             **long_stats(capture)}
     data["atlas"] = {"blocks": sorted(blocks), "mean": True, "levels": levels}
+    if T * T * len(layers) * (H + 1) <= max_cells:
+        data["exact"] = {str(layer): {str(head): _pack_one(capture.tile(layer, head, 0, T, 0, T))
+                                      for head in [*range(H), "mean"]}
+                         for layer in layers}
+        data["tile"] = {"max_values": T * T, "view_side": T}
     return data
+
+
+def _pack_one(values: np.ndarray) -> str:
+    raw = np.ascontiguousarray(values, dtype="<f4").tobytes()
+    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
 
 
 def default_title(capture: LongCapture) -> str:
     """``attnviz: <model>: <N> tokens``."""
-    return f"attnviz: {capture.model}: {int(capture.num_tokens):,} tokens"
+    return f"attnviz: {capture.model_label}: {int(capture.num_tokens):,} tokens"
 
 
 # --------------------------------------------------------------------------- HTML
@@ -273,7 +303,7 @@ def _sha256(text: str) -> str:
 
 def render_long_html(data: dict[str, Any]) -> str:
     """The complete offline document for :func:`long_report_data`'s data."""
-    script = asset("long.js")
+    script = long_script()
     style = asset("long.css")
     csp = ("default-src 'none'; "
            f"script-src '{_sha256(script)}'; style-src '{_sha256(style)}'; "

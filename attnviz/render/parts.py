@@ -172,18 +172,50 @@ def _divider(ax: Axes, position: int | None, axis: str, *, start: float = -0.5,
     line.set_gid("pair-divider")
 
 
+def cell_text(value: float, digits: int = 2) -> str:
+    """A cell's value as written in the figure: ``digits`` decimals (``0.25``), or, for a value
+    that would read ``0.00`` without being 0, its first significant digit (``4e-4``): the weights
+    of a long input's window are of order 1/tokens, and each keeps what tells it apart."""
+    value = float(value)
+    shown = f"{value:.{digits}f}"
+    if float(shown) == 0:
+        if value == 0 or not np.isfinite(value):
+            return shown.lstrip("-")  # a tiny negative difference reads "0.00", not "-0.00"
+        mantissa, exponent = f"{value:.0e}".split("e")
+        return f"{mantissa}e{int(exponent)}"  # "4e-4": as wide as "0.00"
+    return shown
+
+
 def _annotate(ax: Axes, matrix: np.ndarray, bins: np.ndarray, table: ColourTable,
-              size: float = ANNOT_PT, digits: int = 2) -> list[Text]:
+              size: float = ANNOT_PT, digits: int = 2,
+              masked: np.ndarray | None = None) -> list[Text]:
+    """The cell values (none in ``masked`` cells: no weight is there)."""
     texts = []
     for (i, j), value in np.ndenumerate(matrix):
+        if masked is not None and masked[i, j]:
+            continue
         light = bool(table.light_text[bins[i, j]])
-        shown = f"{value:.{digits}f}"
-        if shown.startswith("-") and float(shown) == 0:
-            shown = shown[1:]  # a tiny negative difference reads "0.00", not "-0.00"
-        texts.append(ax.text(j, i, shown, ha="center", va="center",
+        texts.append(ax.text(j, i, cell_text(value, digits), ha="center", va="center",
                              fontsize=size, color="white" if light else "black",
                              parse_math=False))
     return texts
+
+
+def masked_cells(rows: tuple[int, int], cols: tuple[int, int], *, causal: bool,
+                 window: int | None = None) -> np.ndarray | None:
+    """Which cells of a window are masked, boolean ``[query, key]``: a key after its query
+    (``causal``) or ``window`` or more positions before it (a sliding window). ``rows`` and
+    ``cols`` are the ``(start, stop)`` token positions; ``None`` when nothing is masked."""
+    if not causal and not window:
+        return None
+    i = np.arange(rows[0], rows[1])[:, None]
+    j = np.arange(cols[0], cols[1])[None, :]
+    masked = np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype=bool)
+    if causal:
+        masked |= j > i
+    if window:
+        masked |= j <= i - window
+    return masked if masked.any() else None
 
 
 def _scale(scale: ColourScale | str | None, gamma: float | None,

@@ -53,7 +53,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from attnviz.errors import AttnvizError, UsageError
+from attnviz.errors import AttnvizError, NoSpaceError, OutputError, UsageError
 from attnviz.server.engine import (
     Engine,
     ExplainParams,
@@ -137,6 +137,14 @@ def _error_of(error: AttnvizError) -> Response:
     from attnviz.long import LongUnsupported
 
     kind = type(error).__name__
+    if isinstance(error, OutputError):  # the server's own files: no path of its disk goes out
+        log.warning("%s", error.message)
+        if isinstance(error, NoSpaceError):
+            return error_response(507, kind, f"{error.public} on the server",
+                                  "free disk space on the server (its temporary folder), or "
+                                  "try a shorter text")
+        return error_response(500, kind, "the server cannot write its working files",
+                              "the server's log has the details")
     if isinstance(error, UsageError):  # InputError included: what the CLI exits 2 for
         return error_response(422, kind, error.message, error.hint)
     if isinstance(error, LongUnsupported):  # the request's model cannot take the long path
@@ -515,6 +523,9 @@ def create_app(models: Sequence[str] = (), *, token: str | None = None,
     page = page_html()
     assets = {name: (_asset(package, file), media) for name, (package, file, media)
               in ASSETS.items()}
+    from attnviz.render.long_html import long_script
+
+    assets["long.js"] = (long_script(), assets["long.js"][1])  # with report.js's colour part
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)

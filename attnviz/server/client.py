@@ -39,6 +39,7 @@ from attnviz.errors import (
     DumpError,
     InputError,
     ModelLoadError,
+    NoSpaceError,
     OutputError,
     UsageError,
 )
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
 SERVER_ENV = "ATTNVIZ_SERVER"
 _ERRORS: dict[str, type[AttnvizError]] = {
     cls.__name__: cls for cls in (UsageError, InputError, ModelLoadError, DeviceError, DumpError,
-                                  OutputError)}
+                                  OutputError, NoSpaceError)}
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 

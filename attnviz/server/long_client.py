@@ -221,7 +221,7 @@ class RemoteLongCapture(LongCapture):
         """Nothing to free here: the server keeps its last few long captures."""
 
     def __repr__(self) -> str:
-        return (f"RemoteLongCapture(model={self.model!r}, tokens={self.num_tokens}, "
+        return (f"RemoteLongCapture(model={self.model_label!r}, tokens={self.num_tokens}, "
                 f"server={self._session.url!r})")
 
 

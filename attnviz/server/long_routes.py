@@ -174,6 +174,13 @@ class AtlasCache:
         finest = atlas_blocks(cap.num_tokens)[0]
         if block < finest or block & (block - 1):  # the capture answers (or refuses) these
             return cap.atlas(layer, head, block)
+        # Once the capture holds its summary (one pass over every head: the statistics the
+        # view asks for first), a single head's level at the summary's block or coarser is
+        # pooled from it, with no pass over the head (the view's fixed colour scale needs the
+        # head's maximum while it shows exact tiles).
+        held = getattr(cap, "_summary", None)
+        if held is not None and not isinstance(head, str) and block >= int(held.block):
+            return cap.atlas(layer, head, block)
         from attnviz.selection import resolve_index
 
         # the same checks (and messages) as the capture's, before the cache is asked
@@ -287,7 +294,8 @@ def _head_value(head: int | str | list[int]) -> int | str:
 def describe(key: str, cap: LongCapture, max_weights: int) -> dict[str, Any]:
     """What ``/api/long/capture`` answers: the capture's id, tokens and shape, and the most
     values one answer about it holds."""
-    return {"id": key, "max_weights": max_weights, "model": cap.model, "text": cap.text,
+    return {"id": key, "max_weights": max_weights, "model": cap.model,
+            "model_label": cap.model_label, "text": cap.text,
             "pair": cap.pair, "tokens": cap.tokens, "display_tokens": cap.display_tokens,
             "word_ids": cap.word_ids, "special": cap.special, "layers": cap.layers,
             "num_layers": cap.num_layers, "num_heads": cap.num_heads,

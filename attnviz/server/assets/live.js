@@ -528,12 +528,34 @@
   // ------------------------------------------------------------------ generation
   // POST /api/generate answers one JSON line per generated token as the model chooses it;
   // each becomes a row of the panel at once (its position, the token, its strongest keys).
+  // While it runs the button reads "Stop": stopping aborts the request, and the server, which
+  // sees the connection close, ends the generation at the next token and frees the model.
   let generating = null;
+
+  function generateButton(running) {
+    const button = byId("generate");
+    button.textContent = running ? "Stop" : "Generate";
+    button.title = running ? "Stop the generation (the tokens so far stay)"
+      : "Continue the text with the model; each token shows the context tokens it attended to most, as it comes";
+    byId("generate-panel").dataset.running = running ? "1" : "0";
+  }
+
+  function stopGenerate() {
+    if (!generating) return;
+    const controller = generating;
+    generating = null;
+    controller.abort();
+    generateButton(false);
+    byId("generate-panel").dataset.stopped = "1";
+    showStatus("generation stopped");
+  }
 
   async function runGenerate() {
     if (generating) generating.abort();
     const controller = new AbortController();
     generating = controller;
+    delete byId("generate-panel").dataset.stopped;
+    generateButton(true);
     const layer = live.selection.layer === undefined ? -1 : Number(live.selection.layer);
     const choice = headChoice();
     const head = typeof choice === "number" ? choice : "mean";
@@ -566,7 +588,10 @@
     } catch (error) {
       if (!(error && error.name === "AbortError")) showFailure(error);
     } finally {
-      if (generating === controller) generating = null;
+      if (generating === controller) {
+        generating = null;
+        generateButton(false);
+      }
     }
   }
 
@@ -702,6 +727,10 @@
       download("/api/topk", viewFields({ k: live.k, format: "csv" }), "attnviz_topk.csv").catch(showFailure);
     });
     byId("generate").addEventListener("click", () => {
+      if (generating) {
+        stopGenerate();
+        return;
+      }
       delete byId("generate-panel").dataset.done;
       runGenerate().catch(showFailure);
     });
