@@ -489,18 +489,24 @@ class AttentionView(anywidget.AnyWidget):
                                        f"{', '.join(VIEWS)}")
         return value
 
+    # A layer or head is a model index the capture holds (negative from the end, kept as the
+    # index it names); true/false are not indices, and a selection of no head shows nothing.
     @traitlets.validate("layer")
     def _valid_layer(self, proposal: dict[str, Any]) -> int:
         try:
-            return self._capture.layers[self._capture.layer_position(int(proposal["value"]))]
+            index = _index(proposal["value"], "layer")
+            return self._capture.layers[self._capture.layer_position(index)]
         except UsageError as error:
             raise traitlets.TraitError(error.message) from None
 
     @traitlets.validate("heads")
     def _valid_heads(self, proposal: dict[str, Any]) -> list[int]:
         try:
-            return sorted({self._capture.heads[self._capture.head_position(int(h))]
-                           for h in proposal["value"]})
+            picked = [_index(h, "head") for h in proposal["value"]]
+            if not picked:
+                raise UsageError("heads=[] selects no head")
+            return sorted({self._capture.heads[self._capture.head_position(h)]
+                           for h in picked})
         except UsageError as error:
             raise traitlets.TraitError(error.message) from None
 

@@ -211,6 +211,14 @@ class LongAttentionView(anywidget.AnyWidget):
         return (f"LongAttentionView({self._capture.model_label!r}, "
                 f"{int(self._capture.num_tokens):,} tokens)")
 
+    def set_state(self, sync_data: dict[str, Any]) -> None:
+        """Refuse a state the browser sent: the view's description flows from Python only,
+        and the browser asks for data with messages (:meth:`answer`); it is sent the state
+        Python holds instead."""
+        self.log.warning("attnviz: the browser may set nothing of a long view; ignored a "
+                         "message setting %s", ", ".join(sorted(map(str, sync_data)))[:200])
+        self.send_state([key for key in sync_data if key in self.keys])
+
     def answer(self, content: Any) -> tuple[dict[str, Any], list[bytes]]:
         """The answer to one request of the browser: its JSON part and its float32 buffers.
 

@@ -1,5 +1,7 @@
 """Messages give advice that works: the command or numbers they suggest succeed, they count
-what the request needs, and each thing is said once."""
+what the request needs, and each thing is said once; a full disk is said one way everywhere;
+labels and figures name and show what is there (a model by its folder, help that wraps
+cleanly, masked cells and the values of a long input's window)."""
 
 from __future__ import annotations
 
@@ -453,3 +455,27 @@ def test_a_full_capture_draws_masked_cells_grey_and_bidirectional_none(minilm, l
     assert (image[upper] == MASKED_RGB).all() and len(artists.cells) == 15
     bidirectional = capture_head_figure(minilm.capture("the cat sat on the mat"), 0, 1)
     assert not (np.asarray(bidirectional.image.get_array()) == MASKED_RGB).all(axis=-1).any()
+
+
+def test_export_frames_draw_masked_cells_grey_without_values():
+    """The fast renderer (export's PNGs): masked cells in the long view's grey, no value."""
+    from attnviz.render import fast
+    from attnviz.render.colours import MASKED_RGB
+    from attnviz.render.parts import masked_cells
+
+    labels = [f"t{i}" for i in range(6)]
+    masked = masked_cells((0, 6), (0, 6), causal=True)
+    template = fast.head_template(labels, labels, titles=["t"], annot=True, masked=masked)
+    matrix = np.tril(np.ones((6, 6), np.float32))
+    matrix /= matrix.sum(axis=1, keepdims=True)
+    image = template.compose([matrix], "t")
+    box = template.boxes[0]
+    cells = image[box.cell_rows[:, None], box.cell_cols[None, :]]
+    assert masked is not None and (cells[masked] == MASKED_RGB).all()
+    assert not (cells[~masked] == MASKED_RGB).all(axis=-1).any()
+    # every pixel of a masked cell is grey (no glyph); a seen cell holds its value's glyph
+    region = image[box.top:box.bottom, box.left:box.right]
+    inside = (box.row_index[:, None] == 1) & (box.col_index[None, :] == 4)  # away from edges
+    assert (region[inside] == MASKED_RGB).all()
+    seen = (box.row_index[:, None] == 4) & (box.col_index[None, :] == 1)
+    assert len({tuple(pixel) for pixel in region[seen].tolist()}) > 1

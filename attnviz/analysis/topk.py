@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -15,6 +19,79 @@ class TopK:
     query: int  # position of the query token
     keys: list[int]  # key positions, strongest first
     weights: list[float]  # their weights
+
+
+@overload
+def top_keys(values: np.ndarray, k: int) -> np.ndarray: ...
+@overload
+def top_keys(values: torch.Tensor, k: int) -> torch.Tensor: ...
+
+
+def top_keys(values: np.ndarray | torch.Tensor, k: int) -> np.ndarray | torch.Tensor:
+    """The rule of every top-k table: positions of the ``k`` largest values along the last
+    axis, largest first, ties to the lower position (the earlier key).
+
+    One rule for a full capture's matrices (numpy: a stable sort) and a long capture's chunks
+    of scores (torch, on the capture's device: ``torch.topk``, whose order among equal values
+    is unspecified, then ties at the cut and among the chosen put in position order), so
+    both lengths list the same keys for the same weights.
+
+    Args:
+        values: ``[..., n]`` numpy array or torch tensor; ``k``: 1 to ``n``.
+
+    Returns:
+        ``[..., k]`` positions (int64), of the same kind as ``values``.
+    """
+    if isinstance(values, np.ndarray):
+        return np.argsort(-values, axis=-1, kind="stable")[..., :k]
+    return _top_keys_torch(values, k)
+
+
+def _top_keys_torch(values: torch.Tensor, k: int) -> torch.Tensor:
+    import torch
+
+    shape = values.shape
+    flat = values.reshape(-1, shape[-1])  # [rows, n]
+    size = flat.shape[-1]
+    if k >= size:
+        index = torch.arange(size, device=flat.device).expand(flat.shape[0], size)
+    else:
+        # One key more than asked: where it equals the k-th, equal values straddle the cut.
+        top, index = torch.topk(flat, k + 1, dim=-1)  # [rows, k + 1]
+        kth, index = top[:, k - 1:k], index[:, :k]
+        straddle = (top[:, k] == top[:, k - 1]).nonzero()[:, 0]
+        if straddle.numel():  # keep the earliest of the values equal to the k-th
+            index[straddle] = _earliest_ties(flat[straddle], top[straddle, :k],
+                                             index[straddle], kth[straddle])
+    # Largest first; among equal values, the earlier position first.
+    index = index.sort(dim=-1).values
+    order = flat.gather(-1, index).sort(dim=-1, descending=True, stable=True).indices
+    return index.gather(-1, order).reshape(*shape[:-1], k)
+
+
+def _earliest_ties(rows: torch.Tensor, top: torch.Tensor, index: torch.Tensor,
+                   cut: torch.Tensor) -> torch.Tensor:
+    """For rows whose values equal to the k-th largest (``cut``) straddle the cut: the
+    positions of every value above the cut, then of the earliest values equal to it.
+
+    Args:
+        rows: ``[r, n]``; ``top``, ``index``: their ``k`` largest values and positions;
+        cut: ``[r, 1]`` the k-th largest value.
+    """
+    import torch
+
+    k = top.shape[-1]
+    size = rows.shape[-1]
+    above = top > cut  # [r, k]: these are chosen whatever the ties
+    count = above.sum(-1, keepdim=True)  # [r, 1]
+    # Above-cut positions first (a stable order keeps them), then the earliest ties: positions
+    # equal to the cut scored by how early they come (exact in float32 up to 2**24 keys).
+    first = index.gather(-1, (~above).to(torch.uint8).sort(dim=-1, stable=True).indices)
+    early = torch.arange(size, 0, -1, device=rows.device, dtype=torch.float32)
+    ties = torch.topk(torch.where(rows == cut, early, 0.0), k, dim=-1).indices  # [r, k]
+    slot = torch.arange(k, device=rows.device)[None, :]  # [1, k]
+    later = ties.gather(-1, (slot - count).clamp(min=0))
+    return torch.where(slot < count, first, later)
 
 
 def top_k(matrix: np.ndarray, k: int = 3, *, causal: bool = False) -> list[TopK]:
@@ -27,7 +104,7 @@ def top_k(matrix: np.ndarray, k: int = 3, *, causal: bool = False) -> list[TopK]
     if k < 1:
         raise ValueError("k must be at least 1")
     k = min(k, matrix.shape[1])
-    order = np.argsort(-matrix, axis=1, kind="stable")[:, :k]
+    order = top_keys(matrix, k)
     return [TopK(query=i, keys=[int(j) for j in row if not (causal and j > i)],
                  weights=[float(matrix[i, j]) for j in row if not (causal and j > i)])
             for i, row in enumerate(order)]

@@ -43,23 +43,34 @@ GENERATE_CSV_COLUMNS = ("step", "position", "token", "rank", "key_index", "key",
 
 def generation_title(result: Generation, layer: int, head: int | str, k: int) -> str:
     """``model: layer 1, head 2, top 3 (12 prompt + 8 generated tokens)``."""
-    from attnviz.capture_build import model_label
+    from attnviz.capture_build import escape_controls, model_label
 
     named = f"mean of {len(result.heads)} heads" if head == "mean" else f"head {head}"
-    return (f"{model_label(result.model)}: layer {layer}, {named}, top {k} "
+    return (f"{escape_controls(model_label(result.model))}: layer {layer}, {named}, top {k} "
             f"({result.prompt_length} prompt + {result.steps} generated tokens)")
+
+
+def _json_text(document: dict[str, Any]) -> str:
+    """``document`` as JSON whose text cannot drive a terminal: ``json`` escapes U+0000 to
+    U+001F itself; DEL and the C1 controls (U+0080 to U+009F, CSI among them) are written as
+    ``\\u`` escapes too, so the data read back is the same."""
+    import re
+
+    text = json.dumps(document, ensure_ascii=False, indent=1)
+    return re.sub("[\x7f-\x9f]", lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"
 
 
 def format_generation(result: Generation, rows: list[dict[str, Any]], fmt: TableFormat,
                       k: int, title: str) -> str:
     """The top-k rows of a generation as csv, json or markdown text."""
+    from attnviz.capture_build import escape_controls
+
     if fmt is TableFormat.json:
-        return json.dumps({"title": title, "model": result.model, "prompt": result.prompt,
+        return _json_text({"title": title, "model": result.model, "prompt": result.prompt,
                            "text": result.text, "tokens": result.tokens,
                            "prompt_length": result.prompt_length, "k": k,
                            "sample": result.meta.get("sample"), "seed": result.meta.get("seed"),
-                           "stopped": result.meta.get("stopped"), "rows": rows},
-                          ensure_ascii=False, indent=1) + "\n"
+                           "stopped": result.meta.get("stopped"), "rows": rows})
     if fmt is TableFormat.csv:
         from attnviz.csvtext import csv_text
 
@@ -69,7 +80,7 @@ def format_generation(result: Generation, rows: list[dict[str, Any]], fmt: Table
         return csv_text(GENERATE_CSV_COLUMNS, cells)
 
     def cell(text: object) -> str:
-        return str(text).replace("|", "\\|")
+        return escape_controls(str(text)).replace("|", "\\|")
 
     lines = [f"**{title}**", "", f"Generated: {cell(result.text)}", "",
              "| # | generated | " + " | ".join(f"top {i}" for i in range(1, k + 1)) + " |",
@@ -85,11 +96,13 @@ def _print_table(result: Generation, rows: list[dict[str, Any]], k: int, title: 
     from rich.markup import escape
     from rich.table import Table
 
-    stdout.print(f"[bold]Prompt:[/bold] {escape(result.prompt)}")
-    stdout.print(f"[bold]Generated:[/bold] {escape(result.text)}"
+    from attnviz.capture_build import escape_controls
+
+    stdout.print(f"[bold]Prompt:[/bold] {escape(escape_controls(result.prompt))}")
+    stdout.print(f"[bold]Generated:[/bold] {escape(escape_controls(result.text))}"
                  + (" [dim](stopped at end of sequence)[/dim]"
                     if result.meta.get("stopped") == "end of sequence" else ""))
-    table = Table(title=title, show_lines=False)
+    table = Table(title=escape(title), show_lines=False)
     table.add_column("#", justify="right", style="dim")
     table.add_column("generated", style="bold")
     for rank in range(1, k + 1):

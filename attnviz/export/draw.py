@@ -81,17 +81,22 @@ def _scale(task: RenderTask) -> ColourScale:
     return ColourScale.of(task.scale, task.gamma, task.vmax)
 
 
+def _masked(shown: FigureView) -> Any:
+    """The cells of the figure a query cannot see (a causal view's later keys), or ``None``."""
+    from attnviz.render.parts import masked_cells
+
+    return masked_cells((shown.rows.start, shown.rows.stop),
+                        (shown.cols.start, shown.cols.stop), causal=bool(shown.capture.causal))
+
+
 def _head_template(task: RenderTask, shown: FigureView, titles: list[str],
                    figures: Iterable[Sequence[Any]] = ()) -> FrameTemplate:
     """The head frame of this text; ``figures`` (each ``[matrix]``) have their colour bar
     labels drawn with the titles, in one pass."""
     from attnviz.render.fast import head_template
-    from attnviz.render.parts import masked_cells
-
     rows, cols = tuple(shown.row_labels), tuple(shown.col_labels)
     label = shown.capture.measure_label or "attention weight"
-    masked = masked_cells((shown.rows.start, shown.rows.stop), (shown.cols.start, shown.cols.stop),
-                          causal=bool(shown.capture.causal))
+    masked = _masked(shown)
     key = (task.folder, rows, cols, task.cmap, task.dpi, task.annot, _scale(task),
            shown.row_divider, shown.col_divider, label, shown.rows.start, shown.cols.start,
            bool(shown.capture.causal))
@@ -244,7 +249,7 @@ def _head_figure(task: RenderTask, shown: FigureView, titles: list[str]) -> Head
     return HeadFigure(shown.row_labels, shown.col_labels, cmap=task.cmap, annot=task.annot,
                       title=max(titles, key=len), titles=titles, scale=_scale(task),
                       dpi=task.dpi, row_divider=shown.row_divider,
-                      col_divider=shown.col_divider)
+                      col_divider=shown.col_divider, masked=_masked(shown))
 
 
 def _vector_grid(weights: Any, rows: list[str], cols: list[str], shown: FigureView, title: str,

@@ -101,7 +101,9 @@ def _top_entry(row: np.ndarray, tokens: list[str], step: int, position: int, k: 
     """One generated token's strongest keys (ties to the earlier position)."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise UsageError(f"k must be a whole number of at least 1, not {k!r:.40}")
-    order = np.argsort(-row, kind="stable")[:k]
+    from attnviz.analysis.topk import top_keys
+
+    order = top_keys(row, min(k, row.shape[-1]))
     return {"step": step, "position": position, "token": tokens[position],
             "top": [{"key_index": int(j), "key": tokens[int(j)],
                      "weight": round(float(row[j]), 6)} for j in order]}
@@ -140,7 +142,8 @@ class Generation(_Recorded):
     Attributes:
         prompt: the prompt text.
         text: the generated text (decoded, special tokens left out).
-        tokens: every token, prompt then generated (readable labels).
+        tokens: every token, prompt then generated (readable labels, control characters as
+            their escapes: ``\\x1b``).
         token_ids: their vocabulary ids.
         prompt_length: how many of ``tokens`` are the prompt (``P``).
         rows: float32 ``[layer, head, step, key]``: step ``i`` is the attention of the query at
@@ -227,6 +230,8 @@ def load_generation(folder: Path | str) -> Generation:
     Raises:
         DumpError: a file is missing, or the sidecar and the rows disagree.
     """
+    from attnviz.capture_build import escape_controls
+
     folder = Path(folder)
     hint = "write one with: attnviz generate \"PROMPT\" --dump FOLDER"
     try:
@@ -239,7 +244,7 @@ def load_generation(folder: Path | str) -> Generation:
     try:
         result = Generation(
             prompt=str(sidecar["prompt"]), text=str(sidecar["text"]),
-            tokens=[str(t) for t in sidecar["tokens"]],
+            tokens=[escape_controls(str(t)) for t in sidecar["tokens"]],
             token_ids=[int(i) for i in sidecar["token_ids"]],
             prompt_length=int(sidecar["prompt_length"]), rows=rows,
             layers=[int(i) for i in sidecar["layers"]], heads=[int(i) for i in sidecar["heads"]],
@@ -633,11 +638,14 @@ def _labels(source: HFSource, ids: list[int]) -> list[str]:
     tokenizer's own convention (WordPiece's ``##``; a BPE or SentencePiece piece without the
     word-start marker ``Ġ`` / ``▁`` that starts with a letter or digit)."""
     from attnviz.analysis.tokens import CONTINUATION_MARK
+    from attnviz.capture_build import escape_controls
 
     names = [str(t) for t in source.tokenizer.convert_ids_to_tokens(ids)]
     specials = source.special_ids()
     special = [i in specials for i in ids]
-    shown = source.display_of(names, special)
+    # Byte-level vocabularies hold ESC and the other control bytes: as their escapes
+    # (``\x1b``), as a capture's display tokens, so no table or page can drive a terminal.
+    shown = [escape_controls(t) for t in source.display_of(names, special)]
     model = getattr(getattr(source.tokenizer, "backend_tokenizer", None), "model", None)
     kind = type(model).__name__ if model is not None else ""
     prefix = str(getattr(model, "continuing_subword_prefix", None) or "##")

@@ -250,6 +250,21 @@ class LongCapture:
                         f"{self.folder / layer_file(kind, layer)} holds {array.dtype} "
                         f"{array.shape}, the sidecar says {np.dtype(dtype)} {shape}",
                         _DAMAGED)
+        self._check_agreement()
+
+    def _check_agreement(self) -> None:
+        """Refuse a sidecar whose causal flag, windows or scales, or a log-sum-exp, do not
+        describe the queries and keys: sampled rows must sum to 1
+        (:mod:`attnviz.long.consistency`)."""
+        from attnviz.long.consistency import check_rows
+
+        for position, layer in enumerate(self.layers):
+            problem = check_rows(self.folder, layer, position, q=self._array("q", layer),
+                                 k=self._array("k", layer), lse=self._array("lse", layer),
+                                 dtype=self.dtype, causal=self.causal,
+                                 window=self.windows[layer], scale=self.scales[layer])
+            if problem is not None:
+                raise DumpError(problem, _DAMAGED)
 
     def save(self, folder: str | Path) -> Path:
         """Copy the capture's files into ``folder`` (arrays first, the sidecar last, each

@@ -19,6 +19,7 @@ import torch
 
 import attnviz.long.kernels as kernels
 from attnviz.analysis.stats import LOCAL_WINDOW, STAT_KEYS, StatSums, is_punctuation
+from attnviz.analysis.topk import top_keys
 
 # The capture is an attnviz.long.record.LongCapture; it imports this module, not the reverse.
 LongCapture = Any
@@ -114,7 +115,8 @@ def _topk_chunk(s: torch.Tensor, k: int, k0: int) -> tuple[torch.Tensor, torch.T
     """Top-``k`` of log-weights ``[g, rows, keys]``: key positions (``-1`` where masked) and
     weights."""
     width = min(k, s.shape[-1])
-    values, index = torch.topk(s, width, dim=-1)  # [g, rows, width]
+    index = top_keys(s, width)  # [g, rows, width]: ties to the earlier key
+    values = s.gather(-1, index)
     masked = values < kernels.MASKED_BELOW
     index = torch.where(masked, torch.full_like(index, -1), index + k0)
     weights = torch.where(masked, torch.zeros_like(values), values.exp())
@@ -144,7 +146,8 @@ def topk_head(capture: LongCapture, layer: int, head: int | None, k: int, q0: in
             mean = s.exp_().mean(dim=0)
             mean = torch.where(masked, torch.full_like(mean, -1.0), mean)
             width = min(k, mean.shape[-1])
-            top, index = torch.topk(mean, width, dim=-1)
+            index = top_keys(mean, width)
+            top = mean.gather(-1, index)
             index = torch.where(top < 0, torch.full_like(index, -1), index + k0)
             top = top.clamp(min=0.0)
             if width < k:
@@ -374,16 +377,18 @@ def _top_scores(s: torch.Tensor, block_max: torch.Tensor, k: int,
     width = s.shape[-1]
     blocks = min(k, block_max.shape[-1])
     if blocks * block >= width:
-        values, order = torch.topk(s, min(k, width), dim=-1)
-        return values, order
-    picked = torch.topk(block_max, blocks, dim=-1).indices
+        order = top_keys(s, min(k, width))
+        return s.gather(-1, order), order
+    # Blocks tied at the cut go to the earlier block, and the candidates lie in key order, so
+    # ties among them go to the earlier key, as the rule of top_keys says.
+    picked = top_keys(block_max, blocks).sort(dim=-1).values
     offsets = torch.arange(block, device=s.device)
     positions = (picked[..., None] * block + offsets).flatten(-2)  # [head, rows, c]
     inside = positions < width
     candidates = torch.where(inside, s.gather(-1, positions.clamp(max=width - 1)),
                              2 * kernels.MASKED)
-    values, order = torch.topk(candidates, min(k, width), dim=-1)
-    return values, positions.gather(-1, order)
+    order = top_keys(candidates, min(k, width))
+    return candidates.gather(-1, order), positions.gather(-1, order)
 
 
 def _topk_weights(values: torch.Tensor, positions: torch.Tensor, lse: torch.Tensor, k: int,

@@ -284,8 +284,9 @@ def draw_comparison(a: np.ndarray | Panel, b: np.ndarray | Panel,
             panel_width = max(num_key * cell + LABEL_IN, 1.5)
             ax.set_title(wrap_text(panel.title, panel_width, 10.0), fontsize=10.0, pad=4)
             if annot:
-                _annotate(ax, np.asarray(panel.matrix), bins,
-                          diverging if is_diff else table, size=ANNOT_PT)
+                _annotate(ax, np.asarray(panel.matrix), bins,  # B - A: float noise is 0.00
+                          diverging if is_diff else table, size=ANNOT_PT,
+                          significant=not is_diff)
             if number >= 1:  # A and B share the first colour bar, B - A has its own
                 bar_h = max(MIN_BAR_IN, min(plot_h, max(MIN_PLOT_IN, 0.6 * plot_h)))
                 bar = (left + num_key * cell + COLOURBAR_GAP_IN, bottom + plot_h - bar_h,

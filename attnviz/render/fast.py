@@ -443,8 +443,10 @@ class HeadFigure:
     def __init__(self, rows: Sequence[str], cols: Sequence[str], *, cmap: str = "viridis",
                  annot: bool | None = None, title: str = "", scale: ColourScale | None = None,
                  dpi: float = DEFAULT_DPI, row_divider: int | None = None,
-                 col_divider: int | None = None, titles: Sequence[str] = ()) -> None:
+                 col_divider: int | None = None, titles: Sequence[str] = (),
+                 masked: np.ndarray | None = None) -> None:
         self.scale = _scale_of(scale)
+        self.masked = masked  # [query, key] cells a query cannot see: grey, no value
         probe = head_layout(len(rows), len(cols), annot=annot, dpi=dpi,
                             row_labels=list(rows), col_labels=list(cols))
         layout_title = _layout_title([title, *titles], probe.title_width, TITLE_PT,
@@ -465,14 +467,19 @@ class HeadFigure:
         """The figure for one ``[query, key]`` matrix, saved as ``fmt``."""
         matrix = np.asarray(matrix, dtype=np.float32)
         resolved = self.scale.resolve(matrix)
-        rgb, bins = resolved.colours(matrix, self.colours)
+        masked = self.masked if (self.masked is not None
+                                 and self.masked.shape == matrix.shape) else None
+        rgb, bins = resolved.colours(matrix, self.colours, masked)
         self.image.set_data(rgb)
         self.art.title.set_text(wrap_text(title, self.art.title_width, TITLE_PT))
         for text, label in zip(self.art.ticks, resolved.tick_labels()):
             text.set_text(label)
         if self.cells:
             light = self.colours.light_text[bins].ravel().tolist()
-            for text, value, white in zip(self.cells, matrix.ravel().tolist(), light):
-                text.set_text(cell_text(value))
+            hidden = (masked.ravel().tolist() if masked is not None
+                      else [False] * matrix.size)
+            for text, value, white, gone in zip(self.cells, matrix.ravel().tolist(), light,
+                                                hidden):
+                text.set_text("" if gone else cell_text(value))
                 text.set_color("white" if white else "black")
         return figure_bytes(self.fig, fmt, dpi)

@@ -172,14 +172,15 @@ def _divider(ax: Axes, position: int | None, axis: str, *, start: float = -0.5,
     line.set_gid("pair-divider")
 
 
-def cell_text(value: float, digits: int = 2) -> str:
+def cell_text(value: float, digits: int = 2, significant: bool = True) -> str:
     """A cell's value as written in the figure: ``digits`` decimals (``0.25``), or, for a value
     that would read ``0.00`` without being 0, its first significant digit (``4e-4``): the weights
-    of a long input's window are of order 1/tokens, and each keeps what tells it apart."""
+    of a long input's window are of order 1/tokens, and each keeps what tells it apart.
+    ``significant=False`` keeps the decimals (a difference map, whose tiny values are noise)."""
     value = float(value)
     shown = f"{value:.{digits}f}"
     if float(shown) == 0:
-        if value == 0 or not np.isfinite(value):
+        if value == 0 or not np.isfinite(value) or not significant:
             return shown.lstrip("-")  # a tiny negative difference reads "0.00", not "-0.00"
         mantissa, exponent = f"{value:.0e}".split("e")
         return f"{mantissa}e{int(exponent)}"  # "4e-4": as wide as "0.00"
@@ -188,14 +189,15 @@ def cell_text(value: float, digits: int = 2) -> str:
 
 def _annotate(ax: Axes, matrix: np.ndarray, bins: np.ndarray, table: ColourTable,
               size: float = ANNOT_PT, digits: int = 2,
-              masked: np.ndarray | None = None) -> list[Text]:
+              masked: np.ndarray | None = None, significant: bool = True) -> list[Text]:
     """The cell values (none in ``masked`` cells: no weight is there)."""
     texts = []
     for (i, j), value in np.ndenumerate(matrix):
         if masked is not None and masked[i, j]:
             continue
         light = bool(table.light_text[bins[i, j]])
-        texts.append(ax.text(j, i, cell_text(value, digits), ha="center", va="center",
+        texts.append(ax.text(j, i, cell_text(value, digits, significant), ha="center",
+                             va="center",
                              fontsize=size, color="white" if light else "black",
                              parse_math=False))
     return texts

@@ -138,19 +138,15 @@ def _clean(text: Any) -> str:
     return shown if len(shown) <= MAX_MESSAGE else shown[:MAX_MESSAGE - 3] + "..."
 
 
-def _escape_controls(text: str) -> str:
-    """Control characters as their escapes (``\\x1b``), as a local capture's display tokens."""
-    return "".join(f"\\x{ord(ch):02x}" if unicodedata.category(ch) == "Cc" else ch
-                   for ch in text)
-
-
 def _shown_safely(payload: dict[str, Any]) -> dict[str, Any]:
     """A capture answer whose text for the terminal cannot drive it: display tokens with their
     control characters escaped (as a local capture's), the model name and warnings cleaned."""
+    from attnviz.capture_build import escape_controls
+
     shown = dict(payload)
     display = payload.get("display_tokens")
     if isinstance(display, list):
-        shown["display_tokens"] = [_escape_controls(t) if isinstance(t, str) else t
+        shown["display_tokens"] = [escape_controls(t) if isinstance(t, str) else t
                                    for t in display]
     if isinstance(payload.get("model"), str):
         shown["model"] = _clean(payload["model"])
