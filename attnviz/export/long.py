@@ -76,11 +76,11 @@ def write_text(cap: LongCapture, folder: Path, options: ExportOptions,
 
     files: list[str] = []
     root = folder.parent
-    # One pass over every head's scores gives the atlas, top-k, statistics and sinks (a
-    # capture made with the summary holds it already; a saved one is scanned once here).
+    # One pass over every head's scores gives the atlas, statistics and sinks (a capture
+    # made with the summary holds it already; a saved one is scanned once here).
     shown = progress or ExportProgress()
-    cap.summarise(k=min(options.top_k, cap.num_tokens), progress=functools.partial(
-        shown.step, "atlas, top-k, statistics and sinks of every head (tokens)"))
+    cap.summarise(progress=functools.partial(
+        shown.step, "atlas, statistics and sinks of every head (tokens)"))
     for name, fig in _figures(cap, options).items():
         path = folder / name
         data = figure_bytes(fig, options.fmt, options.dpi)
@@ -156,9 +156,8 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
                 try:
                     if item.error:
                         raise InputError(item.error)
-                    cap = _capture(item, dataclasses.replace(
-                        request, long_summary=True, long_top_k=options.top_k), session,
-                        progress)
+                    cap = _capture(item, dataclasses.replace(request, long_summary=True),
+                                   session, progress)
                     name = folder_name(cap.text, cap.pair, item.id)
                     folder = safe_child(out_dir, name)
                     progress.begin_text(label, len(options.figures) + 3)

@@ -464,13 +464,6 @@ class LongCapture:
         if not 1 <= int(k) <= MAX_TOPK:
             raise UsageError(f"k must be between 1 and {MAX_TOPK}, got {k}")
         k = min(int(k), self.num_tokens)
-        held = self._summary
-        if held is not None and held.top_indices is not None and held.top_values is not None \
-                and index is not None and held.k >= k:
-            # The summary's pass ranked every head's keys already (exactly: see scan_layer).
-            position = self.layers.index(layer)
-            return (held.top_indices[position, index, q0:q1, :k].copy(),
-                    held.top_values[position, index, q0:q1, :k].copy())
         indices, values = topk_head(self, layer, index, k, q0, q1, progress=progress)
         self._finite_result(layer, values)
         return indices, values
