@@ -28,7 +28,12 @@ from attnviz.capture_build import (  # noqa: F401  (guess_word_ids re-exported)
     measure_label,
     model_label,
 )
-from attnviz.capture_files import check_not_incomplete_long
+from attnviz.capture_files import (
+    FULL_FILES,
+    check_not_incomplete_long,
+    remove_other_captures,
+    remove_other_sidecars,
+)
 from attnviz.capture_format import (  # noqa: F401  (re-exported)
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -390,11 +395,16 @@ class Capture:
         sidecar["weights_file"] = npy_path.name
         text = _sidecar_text(sidecar)  # before any file is touched: a bad meta loses nothing
         ensure_dir(npy_path.parent)
-        # Old sidecar out, weights in, new sidecar last: a sidecar always describes the weights
-        # beside it, so an interrupted save never pairs new weights with old metadata.
+        folder = (npy_path.name, json_path.name) == FULL_FILES  # the folder's one capture
+        # Old sidecars out, weights in, new sidecar last: a sidecar always describes the weights
+        # beside it, so an interrupted save never pairs new weights with old metadata (nor
+        # leaves a long capture's long.json to be read instead of this capture).
+        owned = remove_other_sidecars(npy_path.parent, json_path.name) if folder else []
         json_path.unlink(missing_ok=True)
         atomic_write(npy_path, lambda handle: np.save(handle, data, allow_pickle=False))
         atomic_write_text(json_path, text)
+        if folder:  # complete: the rest of a long capture saved here before goes
+            remove_other_captures(npy_path.parent, FULL_FILES, owned)
         return npy_path
 
 
@@ -421,6 +431,10 @@ def load_capture(path: Path | str, *, mmap: bool = False) -> Capture:
         raise DumpError(f"capture {path} does not exist",
                         "create one with: attnviz dump \"your text\" -o my_capture")
     npy_path, json_path = _paths_for_load(path)
+    from attnviz.reading import check_regular, load_npy, read_text
+
+    check_regular(json_path)  # a FIFO or a device is refused, never waited on
+    check_regular(npy_path)
     if not json_path.is_file():
         if path.is_dir():
             check_not_incomplete_long(path)
@@ -430,20 +444,16 @@ def load_capture(path: Path | str, *, mmap: bool = False) -> Capture:
         raise DumpError(f"capture {path} has no weights ({npy_path.name} is missing)",
                         "the capture is incomplete: create it again with attnviz dump")
     try:
-        meta = json.loads(json_path.read_text(encoding="utf-8"))
+        meta = json.loads(read_text(json_path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise DumpError(f"cannot read {json_path}: {exc}",
                         "the sidecar is corrupt: create the capture again") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise DumpError(f"{json_path} is not an attnviz capture sidecar",
                         "create one with: attnviz dump \"your text\" -o my_capture")
-    try:
-        with np.errstate(all="ignore"):  # a lying header overflows numpy's size arithmetic
-            weights = np.load(npy_path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except (OSError, ValueError, EOFError, OverflowError, MemoryError) as exc:
-        raise DumpError(f"cannot read {npy_path}: {exc}",
-                        "the weights file is truncated or corrupt: create the capture again"
-                        ) from None
+    with np.errstate(all="ignore"):  # a lying header overflows numpy's size arithmetic
+        weights = load_npy(npy_path, mmap=mmap, hint="the weights file is truncated or "
+                                                     "corrupt: create the capture again")
     capture = capture_from_parts(meta, weights, origin=str(json_path), check_all=not mmap)
     if not mmap and capture.weights.dtype != np.float32:
         capture.weights = capture.weights.astype(np.float32)

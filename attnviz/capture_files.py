@@ -45,7 +45,13 @@ LONG_SIDECAR = "long.json"
 _LONG_ARRAY = re.compile(r"^(?:q|k|lse)_\d{3,}\.npy$")
 #: Sidecars first: with its sidecar gone, a half-removed capture reads as incomplete.
 _SIDECARS = ("capture.json", LONG_SIDECAR)
-_STAGING = re.compile(r"^\.attnviz-dump\.(?P<pid>[0-9]+)\.[0-9a-f]{8}\.tmp$")
+#: A staging folder: ``.attnviz-dump.PID.HEX.tmp`` (a dump), ``.attnviz-export.PID.HEX.tmp``
+#: (an export's text folder being replaced).
+_STAGING = re.compile(r"^\.attnviz-(?:dump|export)\.(?P<pid>[0-9]+)\.[0-9a-f]{8}\.tmp$")
+#: The temporary folder of a long capture held in no folder of the caller's (``--long``
+#: commands): ``attnviz-long-PID-RANDOM`` in the system's temporary folder.
+LONG_TEMP_PREFIX = "attnviz-long-"
+_LONG_TEMP = re.compile(r"^attnviz-long-(?P<pid>[0-9]+)-[A-Za-z0-9_]+$")
 
 
 def is_long_array(name: str) -> bool:
@@ -92,6 +98,24 @@ def _ours(path: Path) -> bool:
     return isinstance(data, dict) and data.get("format") == _FORMATS.get(path.name)
 
 
+def check_one_capture(folder: Path) -> None:
+    """Refuse a folder that holds two captures attnviz wrote, a full one and a long one
+    (left by a version that did not replace the other kind, or copied in by hand): which one
+    was saved last is not known, so neither is read.
+
+    Raises:
+        DumpError: both ``capture.json`` and ``long.json`` are attnviz's sidecars.
+    """
+    names = list_folder(folder, folder)
+    if "capture.json" in names and LONG_SIDECAR in names and _ours(folder / "capture.json") \
+            and _ours(folder / LONG_SIDECAR):
+        raise DumpError(f"{folder} holds two captures, a full one (capture.json, "
+                        f"attention.npy) and a long one ({LONG_SIDECAR}, q_/k_/lse_LLL.npy), "
+                        "and which was saved last is not known",
+                        "save the capture you want into this folder again (the other one is "
+                        "then removed), or move one of them to its own folder")
+
+
 def owned_capture_files(folder: Path) -> list[str]:
     """The files of the captures attnviz wrote in ``folder``, sidecars first: a capture's
     files count only when its sidecar is there and is attnviz's (a user's ``q_001.npy`` or
@@ -121,6 +145,20 @@ def remove_other_captures(folder: Path, keep: Iterable[str],
     return removed
 
 
+def remove_other_sidecars(folder: Path, keep: str) -> list[str]:
+    """Before a capture is written into ``folder``: remove the sidecar attnviz wrote there of
+    the other kind (``long.json`` before a full capture is saved, ``capture.json`` before a
+    long one), so that while the new files are written no sidecar describes another capture.
+    Returns the capture files attnviz owned there before (:func:`owned_capture_files`): pass
+    them to :func:`remove_other_captures` once the new capture is complete."""
+    with signals_held():
+        owned = owned_capture_files(folder)
+        for name in _SIDECARS:
+            if name != keep and name in owned:
+                remove_file(folder / name, folder)
+    return owned
+
+
 class StagedDump:
     """One dump into the folder ``folder``, written into a hidden folder inside it first.
 
@@ -132,14 +170,14 @@ class StagedDump:
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self.path = self.folder / f".attnviz-dump.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        self.path = self.folder / staging_name("dump")
         self._created: list[Path] = []
         self._done = False
 
     def __enter__(self) -> StagedDump:
         with signals_held():  # the folders made are known to __exit__ before a signal lands
             ensure_dir(self.folder, created=self._created)
-            _remove_stale_staging(self.folder)
+            remove_stale_staging(self.folder)
             try:
                 os.mkdir(self.path)
             except OSError as exc:
@@ -187,15 +225,74 @@ class StagedDump:
         return names
 
 
-def _remove_stale_staging(folder: Path) -> None:
-    """Remove the staging folders a killed dump (SIGKILL, a power cut) left in ``folder``:
-    only ours (the name), only real folders (not links), only of processes that are gone."""
+def staging_name(kind: str) -> str:
+    """A new staging folder's name, ``.attnviz-KIND.PID.HEX.tmp`` (``kind``: ``dump`` or
+    ``export``): the process that owns it is in the name."""
+    return f".attnviz-{kind}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def _stale(pattern: re.Pattern[str], name: str) -> bool:
+    """Whether ``name`` matches ``pattern`` and the process named in it is gone."""
     from attnviz.fileio import _pid_alive
 
+    match = pattern.match(name)
+    return match is not None and not _pid_alive(int(match.group("pid")))
+
+
+def _real_dir(path: Path) -> bool:
+    import stat
+
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == getattr(os, "getuid", lambda: 0)()
+
+
+def remove_stale_staging(folder: Path) -> None:
+    """Remove the staging folders a killed dump or export (SIGKILL, a power cut) left in
+    ``folder``: only ours (the name), only real folders (not links), only of processes that
+    are gone."""
     for name in list_folder(folder, folder):
-        match = _STAGING.match(name)
-        if match is None or _pid_alive(int(match.group("pid"))):
+        if _stale(_STAGING, name) and _real_dir(folder / name):
+            shutil.rmtree(folder / name, ignore_errors=True)
+
+
+def long_temp_folder() -> Path:
+    """A new temporary folder for a long capture, named after this process
+    (``attnviz-long-PID-RANDOM``), so that once the process is gone the folder can be told
+    stale (:func:`remove_stale_long_folders`)."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix=f"{LONG_TEMP_PREFIX}{os.getpid()}-"))
+
+
+def remove_stale_long_folders(parent: Path | None = None) -> tuple[int, int]:
+    """Remove the temporary long-capture folders (:func:`long_temp_folder`) that processes
+    killed before they could remove them (SIGKILL, a power cut) left in ``parent`` (the
+    system's temporary folder by default): only ours (the name, this user's), only real
+    folders, only of processes that are gone. Returns how many folders and bytes."""
+    import tempfile
+
+    parent = Path(tempfile.gettempdir()) if parent is None else parent
+    folders = size = 0
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return 0, 0
+    for name in names:
+        path = parent / name
+        if not _stale(_LONG_TEMP, name) or not _real_dir(path):
             continue
-        path = folder / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
+        held = 0
+        for root, _dirs, files in os.walk(path):
+            for file in files:
+                try:
+                    held += os.lstat(os.path.join(root, file)).st_size
+                except OSError:
+                    pass
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            folders += 1
+            size += held
+    return folders, size

@@ -317,13 +317,9 @@ class LongPath:
         """Save a long capture read with ``--from`` into the folder ``path``."""
         from pathlib import Path
 
-        from attnviz.capture_files import StagedDump
-
         folder = Path(path)
         self._check_long_folder(folder, float16)
-        with StagedDump(folder) as staged:
-            cap.save(staged.path)
-            staged.commit()
+        cap.save(folder)  # staged, then moved in (see LongCapture.save)
         return folder, cap
 
     @staticmethod
@@ -390,6 +386,7 @@ class LongPath:
 
         layer_list = (parse_selection(layer_text, source.num_layers, "layer")
                       if layer_text else None)
+        self._remove_stale_long_folders()  # what killed long commands left in $TMPDIR
         with self._forward_lock(spec):
             cap = capture_long(source, text, pair=pair, layers=layer_list,
                                max_tokens=max_tokens, dtype=dtype, folder=folder,
@@ -402,6 +399,19 @@ class LongPath:
         for message in cap.meta.get("warnings", []):
             self._note(str(message))
         return cap
+
+    def _remove_stale_long_folders(self) -> None:
+        """Remove the temporary folders of long captures that killed processes left behind
+        (they can hold tens of GB), and say so in one line."""
+        import tempfile
+
+        from attnviz.capture_files import remove_stale_long_folders
+
+        folders, size = remove_stale_long_folders()
+        if folders:
+            self._note(f"removed {folders} temporary long-capture folder"
+                       f"{'s' if folders > 1 else ''} ({size_text(size)}) left in "
+                       f"{tempfile.gettempdir()} by attnviz processes that were killed")
 
     # ------------------------------------------------------------------ reading
     @staticmethod
@@ -472,10 +482,18 @@ def refuse_measure(measure: str | None, folder: Path | str) -> None:
 
 
 def is_long_folder(path: Path | str) -> bool:
-    """Whether ``path`` is a folder that holds a long capture (``attnviz dump --long``)."""
+    """Whether ``path`` is a folder that holds a long capture (``attnviz dump --long``).
+
+    Raises:
+        DumpError: the folder holds a full capture and a long one.
+    """
     from pathlib import Path
 
+    from attnviz.capture_files import check_one_capture
     from attnviz.long.record import SIDECAR
 
     folder = Path(path)
-    return folder.is_dir() and (folder / SIDECAR).is_file()
+    if not folder.is_dir():
+        return False
+    check_one_capture(folder)  # a full and a long capture: which is the latest is not known
+    return (folder / SIDECAR).exists()  # a FIFO there too: the long reader refuses it

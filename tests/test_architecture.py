@@ -24,7 +24,7 @@ LONG_MODULES: dict[str, str] = {}
 FLOORS: dict[str, int] = {
     "attnviz.errors": 0, "attnviz._version": 0, "attnviz.selection": 0, "attnviz.inputs": 0,
     "attnviz.csvtext": 0, "attnviz.checks": 0,
-    "attnviz.fileio": 1, "attnviz.diskfull": 1,
+    "attnviz.fileio": 1, "attnviz.diskfull": 1, "attnviz.reading": 1,
     "attnviz.capture": 2, "attnviz.capture_format": 2, "attnviz.capture_build": 2,
     "attnviz.capture_files": 2,
     "attnviz.models": 3, "attnviz.analysis": 3, "attnviz.measures": 3, "attnviz.long": 3,
@@ -39,7 +39,7 @@ FLOORS: dict[str, int] = {
 
 # The capture record sits low: it may import only these (and its own helper modules).
 CAPTURE_MAY_IMPORT = {"attnviz.errors", "attnviz.selection", "attnviz.fileio", "attnviz.inputs",
-                      "attnviz._version", "attnviz.diskfull"}
+                      "attnviz._version", "attnviz.diskfull", "attnviz.reading"}
 
 
 def _module_name(path: Path) -> str:

@@ -95,7 +95,7 @@ def test_record_imports_nothing_above_it():
     import attnviz.capture_format
 
     below = {"attnviz.capture_build", "attnviz.capture_files", "attnviz.capture_format",
-             "attnviz.errors", "attnviz.fileio", "attnviz.selection"}
+             "attnviz.errors", "attnviz.fileio", "attnviz.reading", "attnviz.selection"}
     folder = Path(attnviz.capture_format.__file__).parent
     for name in ("capture.py", "capture_build.py", "capture_format.py"):
         tree = ast.parse((folder / name).read_text(encoding="utf-8"))

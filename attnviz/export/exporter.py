@@ -49,13 +49,15 @@ from attnviz.export.write import (
     MANIFEST,
     check_folder,
     clean_temporaries,
+    drop_staging,
     export_lock,
-    is_complete,
+    finished_export,
     is_file,
     new_manifest,
     read_json,
-    remove_outputs,
+    replace_outputs,
     same_export,
+    staging_folder,
     text_files,
     write_json,
 )
@@ -81,6 +83,17 @@ class _Pending:
     written: int
     existing: int
     started: float
+    work: Path  # where the files are written: the folder, or its staging folder
+
+
+def skip_text(summary: ExportSummary, progress: ExportProgress, number: int, item: ExportItem,
+              label: str, name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Count a text an earlier run completed (:func:`~attnviz.export.write.finished_export`)
+    as skipped; returns its index entry. Shared by the full and the long export."""
+    summary.skipped += 1
+    summary.files_skipped += len(manifest.get("files", [])) + 1  # + export.json
+    progress.end_text(label, "skipped", f"complete from an earlier run ({name})")
+    return folder_entry(number, item, name, manifest, "skipped")
 
 
 @dataclass
@@ -154,12 +167,20 @@ class Exporter:
             self._stop_pool(cancel=False)
         except BaseException:
             self._stop_pool(cancel=True)
+            self._drop_pending()
             self.summary.seconds = time.perf_counter() - started
             self._end_index(index, failed=True)
             raise
         self.summary.seconds = time.perf_counter() - started
         self._end_index(index, failed=False)
         return self.summary
+
+    def _drop_pending(self) -> None:
+        """Remove the staging folders of texts left unfinished (their earlier exports stay)."""
+        for pending in self._pending:
+            if isinstance(pending, _Pending):
+                drop_staging(pending.folder, pending.work)
+        self._pending.clear()
 
     def _start_pool(self) -> None:
         if self.jobs <= 1 or self._pool is not None:
@@ -254,29 +275,41 @@ class Exporter:
         folder = self.out_dir / name
         check_folder(folder, self.out_dir)
         settings = {**self.settings, "source": source}
-        manifest = read_json(folder / MANIFEST)
-        same = same_export(manifest, settings, text, pair)
-        if same and not options.force and manifest is not None and is_complete(manifest,
-                                                                              folder):
-            self.summary.skipped += 1
-            self.summary.files_skipped += len(manifest.get("files", [])) + 1  # + export.json
-            self.progress.end_text(label, "skipped", f"complete from an earlier run ({name})")
-            self._pending.append(_Ready(folder_entry(number, item, name, manifest, "skipped")))
+        finished = finished_export(folder, settings, text, pair, options.force)
+        if finished is not None:
+            self._pending.append(_Ready(skip_text(self.summary, self.progress, number, item,
+                                                  label, name, finished)))
             return
-        resume = same and not options.force
+        resume = same_export(read_json(folder / MANIFEST), settings, text,
+                             pair) and not options.force
         if folder.exists():
             clean_temporaries(folder)
-            if not resume:
-                remove_outputs(folder, self.out_dir)
+        # An earlier export (another run's settings, or --force) stays whole until this one is
+        # complete: the new files go into a staging folder, moved into place by _finish.
+        work = staging_folder(folder, self.out_dir, resume)
+        try:
+            self._write(number, item, label, ahead, text, pair, settings, folder, work,
+                        dump_capture, resume)
+        except BaseException:
+            drop_staging(folder, work)
+            raise
+
+    def _write(self, number: int, item: ExportItem, label: str, ahead: int, text: str,
+               pair: str | None, settings: dict[str, Any], folder: Path, work: Path,
+               dump_capture: Capture | None, resume: bool) -> None:
+        """Capture (or read) a text and write its files into ``work``."""
+        from attnviz.capture import load_capture
+
+        options = self.options
         capture: Capture | None = None
-        if resume and is_file(folder / "capture.json"):
+        if resume and is_file(work / "capture.json"):  # resumed: work is the folder
             try:
-                capture = load_capture(folder, mmap=False)  # a copy: the file may change
+                capture = load_capture(work, mmap=False)  # a copy: the file may change
             except AttnvizError:
                 capture = None
         if capture is None:
             for stale in ("capture.json", "attention.npy"):
-                (folder / stale).unlink(missing_ok=True)
+                (work / stale).unlink(missing_ok=True)
             if dump_capture is not None:
                 capture = select(dump_capture, options)
             else:
@@ -286,24 +319,24 @@ class Exporter:
                 self.progress.note(f"{label}: {message}")
         check_views(capture, options)
         manifest = new_manifest(settings, item.origin, item.id, text, pair, capture)
-        write_json(folder / MANIFEST, manifest)
+        write_json(work / MANIFEST, manifest)
         written = existing = 0
-        if all(is_file(folder / file) for file in CAPTURE_FILES):
+        if all(is_file(work / file) for file in CAPTURE_FILES):
             existing += 2
         else:
-            capture.save(folder)
+            capture.save(work)
             written += 2
-        if write_topk(folder, capture, options):
+        if write_topk(work, capture, options):
             written += 1
         else:
             existing += 1
-        tasks = plan_tasks(folder, capture, options,
+        tasks = plan_tasks(work, capture, options,
                            self.jobs if self._pool is not None else 1, ahead)
         manifest["files"] = text_files(capture, options.fmt, options.figures)
         total = sum(task.count for task in tasks)
         self.progress.begin_text(label, total)
         pending = _Pending(number, item, label, folder, manifest, [], written, existing,
-                           time.perf_counter())
+                           time.perf_counter(), work)
         del capture, dump_capture  # the workers read the capture from disk
         if self._pool is None:
             for task in tasks:
@@ -312,7 +345,7 @@ class Exporter:
                 pending.existing += kept
                 self.progress.advance(kept)
         else:
-            self._drawing.add(folder)
+            self._drawing.add(work)
             pending.futures = [self._pool.submit(render_task, task) for task in tasks]
         self._pending.append(pending)
 
@@ -358,20 +391,26 @@ class Exporter:
         if isinstance(pending, _Ready):
             index.add(pending.entry)
             return
-        done, kept, error = drawn(pending.futures, self.progress.advance)
+        try:
+            done, kept, error = drawn(pending.futures, self.progress.advance)
+        except BaseException:
+            self._pending.appendleft(pending)  # its staging goes once the workers are ended
+            raise
         pending.written += done
         pending.existing += kept
-        self._drawing.discard(pending.folder)
+        self._drawing.discard(pending.work)
         self.summary.files_written += pending.written
         self.summary.files_skipped += pending.existing
         name = pending.folder.name
+        missing = [f for f in pending.manifest["files"] if not is_file(pending.work / f)]
+        if error is not None or missing:
+            drop_staging(pending.folder, pending.work)  # the earlier export stays as it was
         if isinstance(error, OutputError) and not isinstance(error, LinkError):
             raise error  # the output folder is not writable: every text would fail
         if error is not None:
             index.add(self._fail(pending.number, pending.item, pending.label, error.message,
                                  folder=name))
             return
-        missing = [f for f in pending.manifest["files"] if not is_file(pending.folder / f)]
         if missing:
             index.add(self._fail(pending.number, pending.item, pending.label,
                                  f"{len(missing)} files were not written (first: {missing[0]})",
@@ -380,9 +419,14 @@ class Exporter:
         from attnviz.fileio import signals_held
 
         pending.manifest["complete"] = True
-        # The manifest and the index entry together: an interruption never leaves a text
-        # listed as exported whose folder is not complete (nor the other way round).
+        # The files, the manifest and the index entry together: an interruption never leaves
+        # a text listed as exported whose folder is not complete (nor the other way round).
         with signals_held():
+            try:
+                replace_outputs(pending.folder, pending.work, pending.manifest["files"],
+                                self.out_dir)
+            finally:
+                drop_staging(pending.folder, pending.work)
             write_json(pending.folder / MANIFEST, pending.manifest)
             index.add(folder_entry(pending.number, pending.item, name, pending.manifest,
                                    "exported"))
@@ -435,7 +479,7 @@ class Exporter:
                     self._finish(self._pending.popleft(), entries)
         finally:
             self.captures.clear()
-            self._pending.clear()
+            self._drop_pending()
         return entries.items
 
     def write_index(self, entries: Iterable[dict[str, Any]]) -> None:

@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from attnviz._version import __version__
 from attnviz.export.plan import FOLDER_NAME
-from attnviz.export.write import MANIFEST, is_dir
+from attnviz.export.write import MANIFEST, is_dir, read_json
 
 if TYPE_CHECKING:
     from attnviz.export.plan import ExportItem, ExportOptions, ExportSummary
@@ -78,6 +78,13 @@ def index_header(summary: ExportSummary, settings: dict[str, Any],
     return header
 
 
+def _complete(folder: Path) -> bool:
+    """Whether ``folder``'s export.json says it is complete (read, not its files checked:
+    one small read per text keeps a big index cheap to rewrite)."""
+    manifest = read_json(folder / MANIFEST)
+    return manifest is not None and manifest.get("complete") is True
+
+
 # --------------------------------------------------------------------------- the index
 class Index:
     """The run's entries, streamed to an unnamed scratch file, then written as index.json and
@@ -111,11 +118,15 @@ class Index:
 
     def earlier(self) -> Iterator[dict[str, Any]]:
         """Entries of index.json from earlier runs whose folder is still here and was not
-        exported again by this run (failures without a folder are not kept)."""
+        exported again by this run (failures without a folder are not kept); an exported or
+        skipped text only while its folder's export.json still says complete, so the index
+        never lists a folder that is not whole."""
         for entry in read_index_entries(self.out_dir / INDEX_JSON):
             folder = entry.get("folder")
             if (isinstance(folder, str) and FOLDER_NAME.fullmatch(folder)
-                    and folder not in self.folders and is_dir(self.out_dir / folder)):
+                    and folder not in self.folders and is_dir(self.out_dir / folder)
+                    and (entry.get("status") not in ("exported", "skipped")
+                         or _complete(self.out_dir / folder))):
                 yield entry
 
     def finish(self, header: dict[str, Any]) -> None:
@@ -159,7 +170,8 @@ def read_index_entries(path: Path) -> Iterator[dict[str, Any]]:
     nothing for a file that is missing, a link, or not an attnviz export index."""
     import stat
 
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    # Not waiting: a FIFO planted as index.json is refused, never waited on.
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)
     except OSError:

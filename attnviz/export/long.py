@@ -14,8 +14,10 @@ streamed passes rather than ``layers x heads`` full-size figures::
             export.json               this folder's manifest; ``"complete": true`` once done
 
 Texts are captured and written one at a time (each long capture is closed before the next),
-so memory stays that of one capture. Folder names, the lock, atomic writes and the index are
-those of :mod:`attnviz.export`.
+so memory stays that of one capture. Folder names, the lock, atomic writes, the index, the
+resume (a text complete from an earlier run with the same settings is skipped; ``--force``
+redraws) and the replacing of an earlier export only once the new one is complete are those of
+:mod:`attnviz.export` (:mod:`~attnviz.export.write`).
 """
 
 from __future__ import annotations
@@ -31,15 +33,16 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from attnviz.errors import AttnvizError, InputError, OutputError, UsageError
 from attnviz.export.plan import ExportItem, ExportOptions, ExportProgress, ExportSummary
+from attnviz.export.write import LONG_FILES
 
 if TYPE_CHECKING:
     from attnviz.capture import Capture
+    from attnviz.export.index import Index
     from attnviz.long import LongCapture
     from attnviz.request import CaptureRequest
     from attnviz.session import Session
 
-HEADS_CSV = "heads.csv"
-SINKS_JSON = "sinks.json"
+HEADS_CSV, SINKS_JSON = LONG_FILES
 
 
 def _figures(cap: LongCapture, options: ExportOptions) -> dict[str, Any]:
@@ -122,11 +125,9 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
         UsageError: an option that fits no text (``--heads``, ``--words``...).
         OutputError: the output folder cannot be written.
     """
-    from attnviz.export.index import Index, failed_entry, folder_entry, index_header
-    from attnviz.export.plan import folder_name
-    from attnviz.export.write import MANIFEST, MANIFEST_FORMAT, export_lock, write_json
-    from attnviz.fileio import LinkError, ensure_dir, signals_held
-    from attnviz.inputs import safe_child
+    from attnviz.export.index import Index, failed_entry, index_header
+    from attnviz.export.write import export_lock
+    from attnviz.fileio import LinkError, ensure_dir
 
     if options.words or options.exclude_special:
         raise UsageError("--words and --exclude-special do not apply to a long capture",
@@ -152,47 +153,23 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
                     continue
                 summary.texts += 1
                 label = item.origin or f"text {number}"
-                name: str | None = None
                 try:
-                    if item.error:
-                        raise InputError(item.error)
-                    cap = _capture(item, dataclasses.replace(request, long_summary=True),
-                                   session, progress)
-                    name = folder_name(cap.text, cap.pair, item.id)
-                    folder = safe_child(out_dir, name)
-                    progress.begin_text(label, len(options.figures) + 3)
-                    manifest = {"format": MANIFEST_FORMAT, "format_version": 1,
-                                "complete": False, "long": True, "settings": settings,
-                                "origin": item.origin, "id": item.id, "text": cap.text,
-                                "pair": cap.pair, "model": cap.model,
-                                "num_tokens": cap.num_tokens, "layers": list(cap.layers),
-                                "heads": list(range(cap.num_heads)), "files": []}
-                    try:  # the folder is described (not complete) before its first file
-                        write_json(folder / MANIFEST, manifest)
-                        files = write_text(cap, folder, options, progress)
-                    finally:
-                        cap.close()
-                    manifest = {**manifest, "complete": True, "files": files}
-                    with signals_held():
-                        write_json(folder / MANIFEST, manifest)
-                        index.add(folder_entry(number, item, name, manifest, "exported"))
-                    summary.exported += 1
-                    summary.files_written += len(files) + 1
-                    progress.advance(len(files) + 1)
-                    progress.end_text(label, "exported", f"{name}: {len(files) + 1} files")
-                except AttnvizError as error:
+                    _one(number, item, label, out_dir, options, settings, request, session,
+                         summary, progress, index)
+                except _Failed as failed:
+                    error = failed.error
                     stop = (isinstance(error, OutputError) and not isinstance(error, LinkError))
                     if stop or (isinstance(error, UsageError) and not isinstance(error, InputError)
                                 and item.dump is None):
-                        if stop and name is not None:  # the index says which text it stopped at
+                        if stop and failed.name is not None:  # the index says where it stopped
                             summary.add_failure(label, error.message)
                             with contextlib.suppress(OSError):  # its scratch file: same disk
                                 index.add(failed_entry(number, item, error.message,
-                                                       folder=name))
-                        raise  # fits no text (or nothing can be written): stop; a link in
-                        # one text's folder fails that text only, as in a normal export
+                                                       folder=failed.name))
+                        raise error from None  # fits no text (or nothing can be written):
+                        # stop; a link in one text's folder fails that text only
                     summary.add_failure(label, error.message)
-                    index.add(failed_entry(number, item, error.message, folder=name))
+                    index.add(failed_entry(number, item, error.message, folder=failed.name))
                     progress.end_text(label, "failed", error.message)
         except BaseException:
             summary.seconds = time.perf_counter() - started
@@ -209,16 +186,108 @@ def export_long(items: Iterable[ExportItem], out_dir: Path, options: ExportOptio
     return summary
 
 
+class _Failed(Exception):
+    """One text failed with ``error``; ``name``: its folder, once known."""
+
+    def __init__(self, error: AttnvizError, name: str | None) -> None:
+        super().__init__(error.message)
+        self.error, self.name = error, name
+
+
+def _one(number: int, item: ExportItem, label: str, out_dir: Path, options: ExportOptions,
+         settings: dict[str, Any], request: CaptureRequest, session: Session,
+         summary: ExportSummary, progress: ExportProgress, index: Index) -> None:
+    """Export one item and add its index entry (``exported`` or ``skipped``).
+
+    A text an earlier run completed with the same settings (and model) is skipped, as in a
+    full export (:func:`~attnviz.export.write.finished_export`; ``--force`` redraws), and an
+    earlier export in the folder stays whole until this one is complete.
+
+    Raises:
+        _Failed: the text failed (the error, and its folder once known).
+    """
+    from attnviz.export.capture import model_settings
+    from attnviz.export.exporter import skip_text
+    from attnviz.export.index import folder_entry
+    from attnviz.export.plan import check_texts, folder_name
+    from attnviz.export.write import (
+        MANIFEST,
+        MANIFEST_FORMAT,
+        check_folder,
+        clean_temporaries,
+        drop_staging,
+        finished_export,
+        replace_outputs,
+        staging_folder,
+        write_json,
+    )
+    from attnviz.fileio import signals_held
+    from attnviz.inputs import safe_child
+
+    name: str | None = None
+    cap: LongCapture | None = None
+    try:
+        if item.error:
+            raise InputError(item.error)
+        if item.dump is None:  # named and checked before the model runs: a complete text
+            text, pair = item.text or "", item.pair  # costs nothing
+            check_texts(text, pair)
+            source = model_settings(request.spec, request.max_tokens, request.truncate)
+        else:
+            cap = _capture(item, request, session, progress)
+            text, pair, source = cap.text, cap.pair, {"dump": cap.model}
+        name = folder_name(text, pair, item.id)
+        folder = safe_child(out_dir, name)
+        check_folder(folder, out_dir)  # LinkError: this text fails, nothing goes through it
+        full_settings = {**settings, "source": source}
+        finished = finished_export(folder, full_settings, text, pair, options.force)
+        if finished is not None:
+            index.add(skip_text(summary, progress, number, item, label, name, finished))
+            return
+        if cap is None:
+            cap = _capture(item, request, session, progress)
+        progress.begin_text(label, len(options.figures) + 3)
+        if folder.exists():
+            clean_temporaries(folder)
+        work = staging_folder(folder, out_dir, resume=False)
+        try:
+            manifest = {"format": MANIFEST_FORMAT, "format_version": 1,
+                        "complete": False, "long": True, "settings": full_settings,
+                        "origin": item.origin, "id": item.id, "text": text,
+                        "pair": pair, "model": cap.model,
+                        "num_tokens": cap.num_tokens, "layers": list(cap.layers),
+                        "heads": list(range(cap.num_heads)), "files": []}
+            # The folder is described (not complete) before its first file.
+            write_json(work / MANIFEST, manifest)
+            files = write_text(cap, work, options, progress)
+            manifest = {**manifest, "complete": True, "files": files}
+            with signals_held():  # files, manifest and index entry together
+                replace_outputs(folder, work, files, out_dir)
+                write_json(folder / MANIFEST, manifest)
+                index.add(folder_entry(number, item, name, manifest, "exported"))
+        finally:
+            drop_staging(folder, work)
+    except AttnvizError as error:
+        raise _Failed(error, name) from None
+    finally:
+        if cap is not None:
+            cap.close()
+    summary.exported += 1
+    summary.files_written += len(files) + 1
+    progress.advance(len(files) + 1)
+    progress.end_text(label, "exported", f"{name}: {len(files) + 1} files")
+
+
 def _capture(item: ExportItem, request: CaptureRequest, session: Session,
              progress: ExportProgress) -> LongCapture:
-    """The long capture of one item (a saved long capture is read, not captured again);
-    ``progress`` hears of the forward pass, layer by layer."""
-
+    """The long capture of one item (a saved long capture is read, not captured again), with
+    every head's summary from the forward's own pass; ``progress`` hears of the forward, layer
+    by layer."""
     held = session.long_progress
     session.long_progress = functools.partial(
         progress.step, "forward pass, every head's summary on the way (layers)")
     try:
-        return _capture_item(item, request, session)
+        return _capture_item(item, dataclasses.replace(request, long_summary=True), session)
     finally:
         session.long_progress = held
 

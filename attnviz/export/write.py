@@ -1,8 +1,10 @@
 """Export: a text folder's files, export.json, resume, and the output folder's lock.
 
 Names of every file an export writes, reading and writing them without following links,
-the manifest that says whether a folder is complete (and with which settings), and the lock
-that lets one export at a time write to OUT_DIR (the local and the Ray engine both hold it).
+the manifest that says whether a folder is complete (and with which settings), the staging
+folder that keeps an earlier export whole until its replacement is complete (every exporter:
+local, Ray's workers, ``--long``), and the lock that lets one export at a time write to
+OUT_DIR (the local and the Ray engine both hold it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ FORMATS = ("png", "svg", "pdf")
 LOCK_NAME = ".attnviz-export.lock"  # held (flock) while an export writes to OUT_DIR
 MANIFEST_FORMAT = "attnviz-export"
 CAPTURE_FILES = ("attention.npy", "capture.json")  # the capture, as Capture.save writes it
+LONG_FILES = ("heads.csv", "sinks.json")  # written by export --long beside topk.csv
 
 
 # --------------------------------------------------------------------------- names
@@ -126,20 +129,95 @@ def check_folder(folder: Path, out_dir: Path) -> None:
             check(folder / sub, out_dir)
 
 
-def remove_outputs(folder: Path, out_dir: Path) -> None:
-    """Drop the files of an export made with other settings (only names this package
-    writes, so nothing else in the folder is touched)."""
-    from attnviz.fileio import list_folder, remove_file
+def output_files(folder: Path, out_dir: Path) -> list[str]:
+    """The files of an earlier export in ``folder`` (only names this package writes, so
+    nothing else in the folder is ever touched), relative to it; export.json first."""
+    from attnviz.fileio import list_folder
 
-    candidates = [folder / MANIFEST, folder / TOPK_CSV, folder / "attention.npy",
-                  folder / "capture.json"]
-    for fmt in FORMATS:
-        candidates.append(folder / overview_file(fmt))
+    names = [MANIFEST, TOPK_CSV, *CAPTURE_FILES, *LONG_FILES,
+             *(overview_file(fmt) for fmt in FORMATS)]
     for sub in (HEADS_DIR, LAYERS_DIR):  # listed without following links (see fileio)
-        candidates += [folder / sub / name for name in list_folder(folder / sub, out_dir)
-                       if name.rsplit(".", 1)[-1] in FORMATS and name.startswith("L")]
-    for path in candidates:
-        remove_file(path, out_dir)
+        names += [f"{sub}/{name}" for name in list_folder(folder / sub, out_dir)
+                  if name.rsplit(".", 1)[-1] in FORMATS and name.startswith("L")]
+    return [name for name in names if is_file(folder / name)]
+
+
+# --------------------------------------------------------------------------- replacing
+def staging_folder(folder: Path, out_dir: Path, resume: bool) -> Path:
+    """Where a text's files are written: ``folder`` itself when it holds no earlier export
+    or the one being resumed (same text and settings), else a hidden staging folder inside
+    it (``.attnviz-export.PID.HEX.tmp``): the earlier export stays whole until the new one is
+    complete (:func:`replace_outputs`), so an interrupted ``--force`` loses nothing. Staging
+    folders of killed runs are removed first."""
+    from attnviz.capture_files import remove_stale_staging, staging_name
+    from attnviz.fileio import signals_held
+
+    if not is_dir(folder):
+        return folder
+    remove_stale_staging(folder)
+    if resume or not output_files(folder, out_dir):
+        return folder
+    staging = folder / staging_name("export")
+    with signals_held():  # made and known together: an interruption never leaves it behind
+        staging.mkdir()
+    return staging
+
+
+def drop_staging(folder: Path, work: Path) -> None:
+    """Remove the staging folder ``work`` of ``folder`` (nothing when it is ``folder``)."""
+    import shutil
+
+    if work != folder and is_dir(work):
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def replace_outputs(folder: Path, work: Path, files: Collection[str], out_dir: Path) -> None:
+    """Move a complete text's ``files`` from its staging folder ``work`` into ``folder``,
+    removing the earlier export's files that are not among them; nothing when ``work`` is
+    ``folder``. Call it with signals held, then write the new export.json.
+
+    The old export.json goes first: while files move, the folder never claims to be complete.
+
+    Raises:
+        OutputError: a file cannot be moved into place.
+    """
+    import shutil
+
+    from attnviz.errors import OutputError
+    from attnviz.fileio import remove_file
+
+    if work == folder:
+        return
+    check_folder(folder, out_dir)  # LinkError: nothing is moved through a link
+    keep = set(files)
+    for name in output_files(folder, out_dir):
+        if name == MANIFEST or name not in keep:
+            remove_file(folder / name, out_dir)
+    for name in sorted(files):  # a link standing there is replaced, never followed
+        if "/" in name and not is_dir(folder / name.split("/", 1)[0]):
+            try:
+                os.mkdir(folder / name.split("/", 1)[0])
+            except OSError as exc:
+                raise OutputError(f"cannot write {folder / name}: {exc.strerror or exc}"
+                                  ) from None
+        try:
+            os.replace(work / name, folder / name)
+        except OSError as exc:
+            raise OutputError(f"cannot write {folder / name}: {exc.strerror or exc}") from None
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def finished_export(folder: Path, settings: dict[str, Any], text: str, pair: str | None,
+                    force: bool) -> dict[str, Any] | None:
+    """The manifest of ``folder`` when an earlier run exported this text there completely
+    with these settings (the text is skipped), else ``None`` (always with ``force``)."""
+    if force:
+        return None
+    manifest = read_json(folder / MANIFEST)
+    if manifest is not None and same_export(manifest, settings, text, pair) \
+            and is_complete(manifest, folder):
+        return manifest
+    return None
 
 
 # --------------------------------------------------------------------------- manifests

@@ -234,9 +234,11 @@ def load_generation(folder: Path | str) -> Generation:
 
     folder = Path(folder)
     hint = "write one with: attnviz generate \"PROMPT\" --dump FOLDER"
+    from attnviz.reading import load_npy, read_text
+
     try:
-        sidecar = json.loads((folder / JSON_NAME).read_text(encoding="utf-8"))
-        rows = np.load(folder / ROWS_NAME, allow_pickle=False)
+        sidecar = json.loads(read_text(folder / JSON_NAME))
+        rows = load_npy(folder / ROWS_NAME, mmap=False, hint=hint)
     except (OSError, ValueError) as exc:
         raise DumpError(f"{folder} is not a saved generation ({exc})", hint) from None
     if not isinstance(sidecar, dict) or sidecar.get("format") != FORMAT_NAME:

@@ -197,9 +197,11 @@ class LongCapture:
     # ------------------------------------------------------------------ files
     @classmethod
     def open(cls, folder: Path, *, mmap: bool = True) -> LongCapture:
+        from attnviz.reading import read_text
+
         path = folder / SIDECAR
         try:
-            sidecar = json.loads(path.read_text(encoding="utf-8"))
+            sidecar = json.loads(read_text(path))
         except FileNotFoundError:
             raise DumpError(f"{folder} is not a long capture: it has no {SIDECAR}",
                             "pass the folder capture_long or LongCapture.save wrote") from None
@@ -223,14 +225,11 @@ class LongCapture:
     def _array(self, kind: str, layer: int) -> np.ndarray:
         key = (kind, layer)
         if key not in self._arrays:
-            path = self.folder / layer_file(kind, layer)
-            try:
-                array = np.load(path, mmap_mode="r" if self._mmap else None,
-                                allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                raise DumpError(f"cannot read {path}: {exc}",
-                                "the long capture folder is incomplete: capture again") from None
-            self._arrays[key] = array
+            from attnviz.reading import load_npy
+
+            self._arrays[key] = load_npy(self.folder / layer_file(kind, layer), mmap=self._mmap,
+                                         hint="the long capture folder is incomplete: "
+                                              "capture again")
         return self._arrays[key]
 
     def _check(self) -> None:
@@ -267,18 +266,25 @@ class LongCapture:
                 raise DumpError(problem, _DAMAGED)
 
     def save(self, folder: str | Path) -> Path:
-        """Copy the capture's files into ``folder`` (arrays first, the sidecar last, each
-        written atomically); returns the folder."""
-        from attnviz.fileio import atomic_write, ensure_dir
+        """Copy the capture's files into ``folder``; returns the folder.
+
+        The files are written into a hidden folder inside ``folder`` and moved into place
+        once all are written (the sidecar last), as ``attnviz dump --long`` does; then any
+        other capture attnviz saved in ``folder`` (a full one, other layers) is removed, so
+        ``--from`` reads this one. An interrupted save leaves ``folder`` as it was.
+        """
+        from attnviz.capture_files import StagedDump
+        from attnviz.fileio import atomic_write
 
         target = Path(folder)
-        ensure_dir(target)
-        for layer in self.layers:
-            for kind in ("q", "k", "lse"):
-                atomic_write(target / layer_file(kind, layer),
-                             _npy_writer(self._array(kind, layer)), root=target)
-        write_sidecar(target, {k: v for k, v in self._sidecar.items()
-                               if k not in ("format", "format_version", "axes")})
+        with StagedDump(target) as staged:
+            for layer in self.layers:
+                for kind in ("q", "k", "lse"):
+                    atomic_write(staged.path / layer_file(kind, layer),
+                                 _npy_writer(self._array(kind, layer)), root=staged.path)
+            write_sidecar(staged.path, {k: v for k, v in self._sidecar.items()
+                                        if k not in ("format", "format_version", "axes")})
+            staged.commit()
         return target
 
     def close(self) -> None:

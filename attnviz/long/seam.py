@@ -19,7 +19,6 @@ import contextvars
 import math
 import shutil
 import sys
-import tempfile
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -396,8 +395,11 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
     base = _base_implementation(hf_model)
     name = _register(base)
     temporary = folder is None
-    target = Path(tempfile.mkdtemp(prefix="attnviz-long-")) if folder is None else Path(folder)
+    from attnviz.capture_files import long_temp_folder
     from attnviz.fileio import ensure_dir, remove_file
+
+    # Named after this process: once it is gone, the next --long command removes the folder.
+    target = long_temp_folder() if folder is None else Path(folder)
 
     ensure_dir(target)
     # An old sidecar out first: a folder whose sidecar is there describes the arrays beside it.
