@@ -284,13 +284,25 @@ def recording(source: HFSource, recorder: _RowRecorder) -> Iterator[None]:
 class _RowRecorder:
     """Collects the last query's row of every (selected) layer and head, step by step."""
 
-    def __init__(self, prompt_length: int, modules: Sequence[Any], layers: list[int],
-                 heads: list[int]) -> None:
+    def __init__(self, prompt_length: int, modules: Sequence[Any] | None, layers: list[int],
+                 heads: list[int], num_layers: int = 0, num_heads: int = 0,
+                 sinks_in_rows: bool | None = None) -> None:
         self.prompt_length = prompt_length
-        self.layer_of = {id(module): index for index, module in enumerate(modules)}
+        # Whether the model's own weights give an attention sink its share (rows that sum to
+        # less than 1, as gpt-oss's do); None: not known, and a sink is refused.
+        self.sinks_in_rows = sinks_in_rows
+        # Without modules found in the model, layers are numbered in the order of the first
+        # step's attention calls (the order of outputs.attentions).
+        self.layer_of = {id(module): index for index, module in enumerate(modules or ())}
+        self.numbered = bool(modules)
+        self.num_layers = num_layers or len(self.layer_of)
+        self.num_heads = num_heads
         self.layers = layers
         self.heads = heads
         self.first: Any = None  # the first attention module called: a new step starts there
+        # The first module's last query and keys: a second call with the very same tensors
+        # (differential attention runs each module twice) is the same step.
+        self.first_call: tuple[Any, Any] = (None, None)
         self.step = -1
         self.seen: list[set[int]] = []  # layers seen per step
         self.rows: list[dict[int, torch.Tensor]] = []  # per step: layer -> [head, key]
@@ -311,11 +323,15 @@ class _RowRecorder:
 
         if self.first is None:
             self.first = module
-        if module is self.first:
+        if module is self.first and (query is not self.first_call[0]
+                                     or key is not self.first_call[1]):
             self.step += 1
             self.seen.append(set())
             self.rows.append({})
+            self.first_call = (query, key)
         layer = self.layer_of.get(id(module))
+        if layer is None and not self.numbered and self.step == 0:
+            layer = self.layer_of[id(module)] = len(self.layer_of)
         if layer is None:
             raise ModelLoadError(f"an attention module of type {type(module).__name__} is not "
                                  "one of the model's layers", "generate cannot map its rows")
@@ -324,6 +340,7 @@ class _RowRecorder:
             return
         position = self.prompt_length - 1 + self.step  # of the query
         num_heads, kv_heads, length = query.shape[1], key.shape[1], key.shape[2]
+        refuse_unusual(layer, num_heads, self.num_heads, length, position, kwargs)
         subset = self.heads != list(range(num_heads))
         if subset and (self._index is None or self._index.device != query.device):
             self._index = torch.tensor(self.heads, device=query.device)
@@ -361,13 +378,51 @@ class _RowRecorder:
             high = position + 1 - first
             scores[:, :low] = float("-inf")  # scores is a fresh tensor here: ours to change
             scores[:, high:] = float("-inf")
-            weights = torch.softmax(scores, dim=-1)  # (h, kv); 0 where not allowed
+            sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+            if sinks is not None and self.sinks_in_rows is None:
+                raise ModelLoadError(f"layer {layer} uses attention sinks, and whether the "
+                                     "model's weights give them a share is not known",
+                                     "capture the text the usual way (attnviz heatmap)")
+            if sinks is not None and self.sinks_in_rows:  # one more logit per head (gpt-oss)
+                sink = sinks.float().reshape(-1)
+                sink = sink[self._index] if subset else sink
+                scores = torch.cat([scores, sink[:, None]], dim=-1)  # (h, kv + 1)
+            weights = torch.softmax(scores, dim=-1)[:, :length]  # (h, kv); 0 where masked
             row = torch.zeros((len(self.heads), max(position + 1, first + length)),
                               dtype=torch.float32, device=weights.device)
             row[:, first:first + length] = weights
         # Kept on the model's device until generation ends: no copy (and no wait for the
         # device) inside the decoding loop.
         self.rows[self.step][layer] = row[:, :position + 1]
+
+
+def refuse_unusual(layer: int, heads: int, expected: int, keys: int, position: int,
+                   kwargs: dict[str, Any]) -> None:
+    """Refuse what the rows here would get wrong: heads other than the loaded model's, more
+    keys than tokens (memory or compressed entries), scores the kernel changes beyond the
+    mask, scale, softcap, sinks and position bias applied here.
+
+    Raises:
+        ModelLoadError: the layer is not plain (grouped-query) softmax attention over tokens.
+    """
+    hint = "capture the prompt and its continuation the usual way (attnviz heatmap)"
+    if expected and heads != expected:
+        raise ModelLoadError(f"layer {layer} runs {heads} query heads where the model "
+                             f"returns {expected}: generate cannot map its rows", hint)
+    if keys > position + 1:
+        raise ModelLoadError(f"layer {layer} attends to {keys} keys for {position + 1} tokens "
+                             "(memory or compressed entries that are not tokens): generate "
+                             "records attention between tokens only", hint)
+    unknown = sorted(name for name in _SCORE_KWARGS if kwargs.get(name) is not None)
+    if unknown:
+        raise ModelLoadError(f"layer {layer}'s attention takes {', '.join(unknown)}, which "
+                             "generate does not reproduce", hint)
+
+
+# Keyword arguments of an attention call that change its weights in ways the rows here do not
+# reproduce (softcap, sinks, position_bias and the sliding window are applied).
+_SCORE_KWARGS = ("alibi", "alibi_slopes", "score_mod", "block_mask", "attention_bias",
+                 "head_mask", "relative_position_bias")
 
 
 # --------------------------------------------------------------------------- the model
@@ -379,11 +434,21 @@ def causal_lm_problem(config: dict[str, Any], name: str) -> str | None:
         return (f"{name} is an encoder-decoder model ({kind}); generate follows decoder-only "
                 "language models")
     heads = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
-    if architectures and not any(a.endswith(heads) for a in architectures):
+    if architectures and not any(a.endswith(heads) or a in _causal_classes()
+                                 for a in architectures):
         return (f"{name} has no causal language-model head (it is a "
                 f"{', '.join(architectures)}); generate needs a decoder-only model saved with "
                 "its head (...ForCausalLM, ...LMHeadModel)")
     return None
+
+
+def _causal_classes() -> set[str]:
+    """transformers' causal language-model classes (BertGenerationDecoder is one)."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:  # pragma: no cover - transformers without the mapping
+        return set()
+    return {str(name) for name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()}
 
 
 def check_causal_lm(spec: ModelSpec) -> None:
@@ -438,6 +503,13 @@ def load_causal_lm(spec: ModelSpec | str) -> HFSource:
                 raise ModelLoadError(problem, "use a GPT-2, Llama, Mistral, Qwen2 or similar "
                                      "model folder or hub id")
             super()._adopt(model, config, place=place)
+            if self.probed is not None and not self.probed.causal:
+                raise ModelLoadError(
+                    f"{self.name} attends to later tokens (bidirectional attention, e.g. a "
+                    "BERT-style model whose config has is_decoder off): generate records "
+                    "attention for a causal language model",
+                    "save the model with is_decoder=True in config.json, or capture the text "
+                    "the usual way (attnviz heatmap)")
 
     return CausalLMSource(spec.name, revision=spec.revision,
                           trust_remote_code=spec.trust_remote_code, device=spec.device,
@@ -512,10 +584,6 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
         raise UsageError("a seed only applies to sampling (--sample): greedy decoding is "
                          "deterministic", "add --sample, or leave the seed out")
     modules = getattr(source, "attention_modules", None)
-    if not modules:
-        raise ModelLoadError(f"cannot find the attention layers of {source.name}",
-                             "generate needs a model whose layers each hold one attention "
-                             "module")
     enc, warnings = source.encode(prompt, None, max_tokens, truncate)
     prompt_length = int(enc["input_ids"].shape[1])
     limit = source.max_tokens
@@ -537,7 +605,10 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
     model = source.model
     if seed is None and sample:
         seed = int.from_bytes(os.urandom(4), "little")
-    recorder = _RowRecorder(prompt_length, modules, keep_layers, keep_heads)
+    probed = getattr(source, "probed", None)
+    recorder = _RowRecorder(prompt_length, modules, keep_layers, keep_heads,
+                            source.num_layers, source.num_heads,
+                            None if probed is None else not probed.rows_sum_to_one)
     inputs = {k: v.to(source.device) for k, v in enc.items()
               if k in ("input_ids", "attention_mask")}
     tokenizer = source.tokenizer
@@ -559,7 +630,8 @@ def generate(source: HFSource, prompt: str, *, max_new_tokens: int = 20,
             output = model.generate(**inputs, **options)
         except _Raised as raised:  # on_step's own exception, as it raised it
             raise cast("BaseException", raised.__cause__) from None
-        except (RuntimeError, ValueError, TypeError) as exc:
+        except (RuntimeError, ValueError, TypeError, IndexError, KeyError,
+                AttributeError) as exc:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if "memory" in text.lower():
                 raise InputError(f"generation with {source.name} ran out of memory "

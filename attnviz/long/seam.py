@@ -14,13 +14,12 @@ masks it always builds.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import math
 import shutil
 import sys
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -41,7 +40,7 @@ from attnviz.long.record import (
     to_storage,
     write_sidecar,
 )
-from attnviz.models._torch import attention_configs
+from attnviz.models._torch import routed_attention
 
 _PREFIX = "attnviz-long-"
 _ACTIVE: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar(
@@ -69,6 +68,8 @@ class _Recorder:
     head_dim: int = 0
     num_tokens: int = 0
     problem: str | None = None
+    num_heads: int = 0  # the loaded model's heads per layer (0: not known)
+    last_call: tuple[Any, Any, Any] = (None, None, None)  # module, query, key
     #: With a summary asked for: the key features, atlas block and top k of the scans.
     features: torch.Tensor | None = None
     block: int = 0
@@ -95,11 +96,10 @@ class _Recorder:
             Whether it was the last layer wanted, and the kernel's output ``[1, head, T, dim]``
             when the log-sum-exp came from the fused kernel (``None`` otherwise).
         """
-        layer = self.calls
-        self.calls += 1
-        if self.progress is not None and layer <= self.last:
+        layer = self._layer_of(module, query, key)
+        if layer is not None and self.progress is not None and layer <= self.last:
             self.progress(layer, self.last + 1)  # layers done before this one
-        if layer not in self.layers:
+        if layer is None or layer not in self.layers:
             return False, None
         for name, what in _UNSUPPORTED_KWARGS.items():
             if kwargs.get(name) is not None:
@@ -111,6 +111,7 @@ class _Recorder:
             raise LongUnsupported("the attention call had queries and keys of different "
                                   "lengths (a key/value cache or cross-attention)")
         heads, kv_heads = int(query.shape[1]), int(key.shape[1])
+        _check_layout(layer, heads, kv_heads, int(query.shape[-1]), self)
         if kv_heads < 1 or heads % kv_heads:
             raise LongUnsupported(f"layer {layer} has {heads} query heads and {kv_heads} key "
                                   "heads, not a grouped-query layout")
@@ -189,10 +190,36 @@ class _Recorder:
         self.methods[layer] = name
         return lse, output
 
+    def _layer_of(self, module: Any, query: torch.Tensor, key: torch.Tensor) -> int | None:
+        """The layer of one attention call, counted in call order (the order of
+        ``outputs.attentions``; ALBERT's one shared module is every layer); ``None`` for a
+        module's second call with the very same queries and keys (differential attention runs
+        each module twice for one set of weights)."""
+        last, self.last_call = self.last_call, (module, query, key)
+        if last[0] is module and last[1] is query and last[2] is key:
+            return None
+        self.calls += 1
+        return self.calls - 1
+
 
 def _stored_exactly(model_dtype: torch.dtype, dtype: str) -> bool:
     """Whether storing queries and keys of ``model_dtype`` as ``dtype`` keeps every value."""
     return dtype == "float32" or getattr(torch, dtype) == model_dtype
+
+
+def _check_layout(layer: int, heads: int, kv_heads: int, head_dim: int,
+                  recorder: _Recorder) -> None:
+    """Refuse heads other than the loaded model's, and layers whose head layout differs from
+    the layers recorded before them (a long capture holds one layout)."""
+    if recorder.num_heads and heads != recorder.num_heads:
+        raise LongUnsupported(f"layer {layer} runs {heads} query heads where the model returns "
+                              f"{recorder.num_heads} heads of weights")
+    if recorder.head_dim and (head_dim, kv_heads) != (recorder.head_dim,
+                                                      recorder.num_kv_heads):
+        raise LongUnsupported(
+            f"layer {layer} has {kv_heads} key heads of size {head_dim} where the layers before "
+            f"it have {recorder.num_kv_heads} of size {recorder.head_dim}: a long capture "
+            "holds one head layout", "capture layers of each layout separately (--layers)")
 
 
 def _rounded(tensor: torch.Tensor, dtype: str) -> torch.Tensor:
@@ -304,7 +331,12 @@ def _base_implementation(hf_model: Any) -> str:
     eager kernel builds each layer's ``T x T`` weights) when it supports sdpa."""
     from transformers import AttentionInterface
 
-    current = str(getattr(hf_model.model.config, "_attn_implementation", None) or "eager")
+    config = getattr(hf_model.model, "config", None)
+    if config is None:  # an encoder taken out of its model (FSMT) never reads the registry
+        raise LongUnsupported(f"{hf_model.name} ({hf_model.model_type}) does not run its "
+                              "attention through transformers' attention functions",
+                              "capture it the usual way, with a shorter text")
+    current = str(getattr(config, "_attn_implementation", None) or "eager")
     if current == "eager":
         return "sdpa" if getattr(hf_model, "_supports_sdpa", False) else "eager"
     if current.startswith(_PREFIX):
@@ -315,25 +347,9 @@ def _base_implementation(hf_model: Any) -> str:
     return current
 
 
-@contextlib.contextmanager
-def _routed(model: Any, name: str) -> Iterator[None]:
-    """Point every configuration of ``model`` at the attention function ``name``; restore
-    them in ``finally``."""
-    missing = object()
-    configs = attention_configs(model)
-    saved = [(config, config.__dict__.get("_attn_implementation_internal", missing))
-             for config in configs]
-    try:
-        for config in configs:
-            # The private field: the property setter validates names against the hub's list.
-            config.__dict__["_attn_implementation_internal"] = name
-        yield
-    finally:
-        for config, value in saved:
-            if value is missing:
-                config.__dict__.pop("_attn_implementation_internal", None)
-            else:
-                config.__dict__["_attn_implementation_internal"] = value
+#: Every configuration of a model pointed at one attention function (kept under this name for
+#: :mod:`attnviz.long.generate`).
+_routed = routed_attention
 
 
 def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
@@ -405,6 +421,7 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
     # An old sidecar out first: a folder whose sidecar is there describes the arrays beside it.
     remove_file(target / SIDECAR, target)
     recorder = _Recorder(layers=sorted(keep), folder=target, dtype=dtype, budget=chunk_bytes,
+                         num_heads=int(getattr(hf_model, "num_heads", 0) or 0),
                          use_kernel=use_kernel, progress=progress)
     if summary:
         recorder.block, recorder.k = summary_block, int(k)

@@ -8,6 +8,7 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from attnviz.errors import ModelLoadError
 
@@ -114,3 +115,39 @@ def bundled_model_path() -> Path:
 def _weights_fingerprint(folder: Path) -> list[list[object]]:
     files = sorted(p for p in folder.glob("*") if p.suffix in (".safetensors", ".bin", ".pt"))
     return [[p.name, p.stat().st_size, int(p.stat().st_mtime)] for p in files]
+
+
+def unknown_warnings(source: Any, text: str, pair: str | None, tokens: list[str],
+                     special: list[bool]) -> list[str]:
+    """A warning when parts of the input became the unknown token (``[UNK]``: emoji,
+    scripts the vocabulary lacks), naming those parts; stronger when nothing else is left.
+    ``source`` is the :class:`~attnviz.models.hf.HFSource` (its tokenizer and name).
+    """
+    unknown = getattr(source.tokenizer, "unk_token", None)
+    count = sum(1 for token in tokens if token == unknown) if unknown else 0
+    if not count:
+        return []
+    pieces: list[str] = []
+    unknown_id = getattr(source.tokenizer, "unk_token_id", None)
+    for part in (text, pair):
+        if part is None or not getattr(source.tokenizer, "is_fast", False):
+            continue
+        try:  # which characters of the input each [UNK] stands for
+            enc = source.tokenizer(part, add_special_tokens=False,
+                                 return_offsets_mapping=True)
+            pieces += [part[start:stop] for token_id, (start, stop)
+                       in zip(enc["input_ids"], enc["offset_mapping"])
+                       if token_id == unknown_id and stop > start]
+        except (NotImplementedError, ValueError, TypeError, KeyError):
+            pieces = []
+            break
+    distinct = list(dict.fromkeys(pieces))
+    shown = ", ".join(repr(piece) for piece in distinct[:8]) + (
+        f" and {len(distinct) - 8} more" if len(distinct) > 8 else "")
+    named = f" ({shown})" if shown else ""
+    content = [token for token, is_special in zip(tokens, special) if not is_special]
+    if content and all(token == unknown for token in content):
+        return [f"every token of the text became {unknown}: {source.name}'s vocabulary has "
+                f"none of its characters{named}, so the weights are between placeholders"]
+    return [f"{count} token{'s' if count != 1 else ''} became {unknown}, not in "
+            f"{source.name}'s vocabulary{named}"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from attnviz.errors import DeviceError, UsageError
@@ -98,3 +100,24 @@ def attention_configs(model: Any) -> list[Any]:
         for key in getattr(config, "sub_configs", None) or ():
             pending.append(getattr(config, key, None))
     return list(found.values())
+
+
+@contextlib.contextmanager
+def routed_attention(model: Any, name: str) -> Iterator[None]:
+    """Point every configuration of ``model`` at the attention function ``name`` (``eager``,
+    ``sdpa`` or one registered with transformers); restore them in ``finally``."""
+    missing = object()
+    configs = attention_configs(model)
+    saved = [(config, config.__dict__.get("_attn_implementation_internal", missing))
+             for config in configs]
+    try:
+        for config in configs:
+            # The private field: the property setter validates names against the hub's list.
+            config.__dict__["_attn_implementation_internal"] = name
+        yield
+    finally:
+        for config, value in saved:
+            if value is missing:
+                config.__dict__.pop("_attn_implementation_internal", None)
+            else:
+                config.__dict__["_attn_implementation_internal"] = value

@@ -31,6 +31,7 @@ from attnviz.models._loading import (  # noqa: F401 - bundled_model_path is re-e
     _weights_fingerprint,
     bundled_model_path,
     memory_advice,
+    unknown_warnings,
 )
 from attnviz.models._torch import DEVICE_MAPS
 
@@ -183,6 +184,7 @@ class HFSource:
                 here). ``False`` leaves a model someone else owns where and as it is
                 (:mod:`attnviz.models.own`); its inputs then go to its embeddings' device.
         """
+        from attnviz.models._shape import probe
         from attnviz.models.hooks import find_attention_modules
 
         self.config = config
@@ -208,17 +210,18 @@ class HFSource:
                 self.num_heads = int(getattr(text_config, "num_attention_heads", 0))
         self.model_type = str(getattr(config, "model_type", "unknown"))
         self.max_tokens = self._max_length()
-        if not self.num_layers or not self.num_heads:
-            self._probe_shape()
-        self.attention_modules = find_attention_modules(self.model, self.num_layers)
         self.last_method = ""  # "hooks" or "output_attentions": how the last capture ran
-
-    def _probe_shape(self) -> None:
-        """Learn layers and heads from one forward pass when the config does not say."""
-        enc = self.tokenizer("Hello world", return_tensors="pt")
-        attentions = self.forward_attentions(enc)
-        self.num_layers = len(attentions)
-        self.num_heads = int(attentions[0].shape[1])
+        # Layers and heads as the model's own outputs have them, not as its config says.
+        shape = self.probed = probe(self)
+        if shape is not None and shape.problem is not None:
+            raise ModelLoadError(shape.problem, _SHAPE_HINT)
+        if shape is not None:
+            self.num_layers, self.num_heads = shape.num_layers, shape.num_heads
+        elif not self.num_layers or not self.num_heads:
+            attentions = self.forward_attentions(self.tokenizer("Hello world",
+                                                                return_tensors="pt"))
+            self.num_layers, self.num_heads = len(attentions), int(attentions[0].shape[1])
+        self.attention_modules = find_attention_modules(self.model, self.num_layers)
 
     def _max_length(self) -> int | None:
         limits = []
@@ -419,6 +422,8 @@ class HFSource:
         Hooks first; if the hooked modules do not return weights that look like a softmax,
         the model is marked as not hookable and ``output_attentions`` is used from then on.
         """
+        from attnviz.models._shape import describe
+
         if not layers:
             return
         inputs = self._model_inputs(enc)
@@ -440,6 +445,14 @@ class HFSource:
         self.last_method = "output_attentions"
         with torch.inference_mode():
             attentions = self._attentions_of(self._call(inputs, output_attentions=True))
+            shape = describe(attentions, int(inputs["input_ids"].shape[1]), self.name)
+            if shape is not None and shape.problem is None and (
+                    shape.num_layers != self.num_layers or shape.num_heads != self.num_heads):
+                shape.problem = (f"{self.name} returned {shape.num_layers} layers of "
+                                 f"{shape.num_heads} heads, not the {self.num_layers} x "
+                                 f"{self.num_heads} it had when loaded")
+            if shape is not None and shape.problem is not None:
+                raise ModelLoadError(shape.problem, _SHAPE_HINT)
             for layer in layers:
                 weights = attentions[layer]
                 if heads is not None:
@@ -521,45 +534,11 @@ class HFSource:
             f"{tokens}x{tokens} values, float32) but only {_size(available)} of memory is free",
             memory_advice(shapes, int(0.9 * available), measure))
 
-    def _unknown_warnings(self, text: str, pair: str | None, tokens: list[str],
-                          special: list[bool]) -> list[str]:
-        """A warning when parts of the input became the unknown token (``[UNK]``: emoji,
-        scripts the vocabulary lacks), naming those parts; stronger when nothing else is left.
-        """
-        unknown = getattr(self.tokenizer, "unk_token", None)
-        count = sum(1 for token in tokens if token == unknown) if unknown else 0
-        if not count:
-            return []
-        pieces: list[str] = []
-        unknown_id = getattr(self.tokenizer, "unk_token_id", None)
-        for part in (text, pair):
-            if part is None or not getattr(self.tokenizer, "is_fast", False):
-                continue
-            try:  # which characters of the input each [UNK] stands for
-                enc = self.tokenizer(part, add_special_tokens=False,
-                                     return_offsets_mapping=True)
-                pieces += [part[start:stop] for token_id, (start, stop)
-                           in zip(enc["input_ids"], enc["offset_mapping"])
-                           if token_id == unknown_id and stop > start]
-            except (NotImplementedError, ValueError, TypeError, KeyError):
-                pieces = []
-                break
-        distinct = list(dict.fromkeys(pieces))
-        shown = ", ".join(repr(piece) for piece in distinct[:8]) + (
-            f" and {len(distinct) - 8} more" if len(distinct) > 8 else "")
-        named = f" ({shown})" if shown else ""
-        content = [token for token, is_special in zip(tokens, special) if not is_special]
-        if content and all(token == unknown for token in content):
-            return [f"every token of the text became {unknown}: {self.name}'s vocabulary has "
-                    f"none of its characters{named}, so the weights are between placeholders"]
-        return [f"{count} token{'s' if count != 1 else ''} became {unknown}, not in "
-                f"{self.name}'s vocabulary{named}"]
-
     def _make_capture(self, text: str, pair: str | None, tokens: list[str],
                       word_ids: list[int | None], special: list[bool], weights: np.ndarray,
                       layers: list[int], heads: list[int], causal: bool,
                       warnings: list[str]) -> Capture:
-        warnings = [*warnings, *self._unknown_warnings(text, pair, tokens, special)]
+        warnings = [*warnings, *unknown_warnings(self, text, pair, tokens, special)]
         meta: dict[str, Any] = {
             "source": "huggingface", "model_type": self.model_type, "revision": self.revision,
             "dtype": str(self.dtype).replace("torch.", ""), "device": str(self.device),
@@ -754,6 +733,9 @@ class HFSource:
                 special[start:stop], arrays[row], layers, heads, causal[row], warnings[i])
         return captures
 
+
+_SHAPE_HINT = ("attnviz works with models whose attention weights are token x token in every "
+               "layer: BERT, RoBERTa, GPT-2, Llama, Mistral, Qwen, Gemma, Phi, T5, BART...")
 
 # Models that compute position ids from input_ids and the padding index themselves.
 _POSITIONS_FROM_IDS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer",
