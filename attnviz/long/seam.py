@@ -284,8 +284,10 @@ def _wrapper(base: str) -> Callable[..., Any]:
         if recorder is not None:
             scaling = kwargs.get("scaling", args[1] if len(args) > 1 else None)
             dropout = kwargs.get("dropout", args[0] if args else 0.0)
-            last, output = recorder.record(module, query, key, value, attention_mask, scaling,
-                                           {**kwargs, "dropout": dropout})
+            answer = recorder.record(module, query, key, value, attention_mask, scaling,
+                                     {**kwargs, "dropout": dropout})
+            # (last layer?, kernel output); a recorder that only watches answers no tuple.
+            last, output = answer if isinstance(answer, tuple) else (bool(answer), None)
         if base == "eager":
             # Each model file has its own eager function (GPT-2's and BERT's differ).
             original: Any = getattr(sys.modules[type(module).__module__],
