@@ -200,7 +200,8 @@ class Capture:
         """Exact weights of queries ``q0..q1`` against every key: ``[q1 - q0, T]``."""
         return self.tile(layer, head, q0, q1, 0, self.num_tokens)
 
-    def topk(self, layer: int, head: int | str, k: int, q0: int = 0, q1: int | None = None
+    def topk(self, layer: int, head: int | str, k: int, q0: int = 0, q1: int | None = None,
+             *, progress: Callable[[int, int], None] | None = None
              ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` keys each query in ``q0..q1`` attends to most, strongest first (ties:
         the lower key first): ``(indices, values)`` ``[q1 - q0, min(k, T)]`` int64 and
@@ -244,7 +245,8 @@ class Capture:
         """Every held weight at once: the capture itself."""
         return self
 
-    def prepare(self, *, block: int | None = None, k: int = 0) -> None:
+    def prepare(self, *, block: int | None = None, k: int = 0,
+                progress: Callable[[int, int], None] | None = None) -> None:
         """Nothing to compute ahead: every weight is at hand."""
 
     def close(self) -> None:

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from attnviz.capture_checks import SINK_THRESHOLD
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy as np
 
     from attnviz.capture import Capture
@@ -120,10 +122,12 @@ class AttentionRecord(Protocol):
         """Exact weights of queries ``q0..q1`` against every key, ``[q1 - q0, T]``."""
         ...
 
-    def topk(self, layer: int, head: int | str, k: int, q0: int = 0, q1: int | None = None
+    def topk(self, layer: int, head: int | str, k: int, q0: int = 0, q1: int | None = None,
+             *, progress: Callable[[int, int], None] | None = None
              ) -> tuple[np.ndarray, np.ndarray]:
         """``(indices, values)`` ``[q1 - q0, k]`` (int64, float32), strongest first; ``-1``
-        and 0 where a query sees fewer than ``k`` keys."""
+        and 0 where a query sees fewer than ``k`` keys; ``progress(rows done, rows)`` follows
+        a pass where the weights are computed on demand."""
         ...
 
     def atlas(self, layer: int, head: int | str, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -147,7 +151,8 @@ class AttentionRecord(Protocol):
         the queries that see it) exceeds ``threshold``; ``[T]`` float64."""
         ...
 
-    def prepare(self, *, block: int | None = None, k: int = 0) -> None:
+    def prepare(self, *, block: int | None = None, k: int = 0,
+                progress: Callable[[int, int], None] | None = None) -> None:
         """Answer the whole-record questions (statistics, received attention, the atlas at
         ``block`` and coarser, with ``k > 0`` every head's top-``k``) ahead of the asks, in
         one pass where the weights are computed on demand; nothing to do where every weight

@@ -81,7 +81,8 @@ class CaptureRequest:
             the session's ``warn``).
         long_summary: a long capture also computes every head's statistics, atlas, attention
             received and top-k in the pass that finds the log-sum-exp (``heads`` asks for it:
-            it reads every head; one head's top-k does not).
+            it reads every head; one head's top-k does not); ``long_top_k`` keys per query of
+            every head are ranked in it too (``export --long``'s ``topk.csv``).
         long_dtype: how a long capture stores queries and keys: ``"float32"``, ``"float16"``
             or ``"bfloat16"``.
 
@@ -108,6 +109,7 @@ class CaptureRequest:
     long: bool | None = False
     long_dtype: str = "float32"
     long_summary: bool = False
+    long_top_k: int = 0
 
     def __post_init__(self) -> None:
         if self.measure is not None:

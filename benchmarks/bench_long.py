@@ -19,9 +19,14 @@ Measurements:
 Targets (issue 18), at 16k tokens: one-head <= 2x the forward's time and <= 1.5x its peak RSS;
 all-heads <= 4x the forward's time; memory O(T x d).
 
+Each time here starts after the model is loaded and warmed up, so it leaves out Python's
+start-up, the imports and the model load that a command pays: these ratios are of the library
+calls alone. ``benchmarks/bench_long_cli.py`` times whole commands, start to exit, against a
+whole-process forward; README's figures name which of the two they come from.
+
 Run::
 
-    python benchmarks/bench_long.py                       # 4k, 16k and 32k: ~3 minutes
+    python benchmarks/bench_long.py                       # 4k, 16k and 32k: minutes
     python benchmarks/bench_long.py --tokens 16000 --threads 2
 """
 

@@ -27,6 +27,11 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.delenv("ATTNVIZ_MODEL", raising=False)
     monkeypatch.delenv("ATTNVIZ_SERVER", raising=False)
     monkeypatch.delenv("ATTNVIZ_DEBUG", raising=False)
+    # Progress lines of long steps depend on how busy the machine is: tests that count
+    # standard error's lines see none (tests/test_long_progress.py turns them on).
+    import attnviz.cli._steps as steps
+
+    monkeypatch.setattr(steps, "QUIET_SECONDS", 3600.0)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ streamed passes, a full capture from its array).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -18,19 +18,19 @@ if TYPE_CHECKING:
 MAX_SINKS = 10
 
 
-def topk_rows(cap: LongCapture, layer: int, head: int | str, k: int
-              ) -> list[dict[str, object]]:
+def topk_rows(cap: LongCapture, layer: int, head: int | str, k: int, *,
+              progress: Callable[[int, int], None] | None = None) -> list[dict[str, object]]:
     """Rows as :func:`attnviz.analysis.topk.topk_rows` makes them (``query_index``,
     ``query``, ``top``: ``key_index``, ``key``, ``weight``), from the record's exact top-k,
     labelled with continuation pieces marked (``·ing``); keys a causal query cannot see are
     never listed. ``layer`` is a model layer the record holds, ``head`` an index or
-    ``"mean"``."""
+    ``"mean"``; ``progress(rows done, rows)`` follows the pass."""
     import numpy as np
 
     from attnviz.analysis.tokens import piece_labels
 
     k = min(k, cap.num_tokens)
-    indices, values = cap.topk(layer, head, k)  # -1: a key the query cannot see
+    indices, values = cap.topk(layer, head, k, progress=progress)  # -1: a key the query cannot see
     indices, values = np.asarray(indices), np.asarray(values, dtype=np.float32)
     tokens = piece_labels(cap)
     rows: list[dict[str, object]] = []

@@ -157,6 +157,8 @@ def atlas_heatmap(cap: AttentionRecord, *, layer: int | None, head: int | str | 
     """Draw a record whose weights are computed on demand as ``attnviz heatmap`` does: a
     window (``--tokens`` etc.) of one head exactly, else the atlas; returns the path and
     warnings to print."""
+    from attnviz.cli._common import stderr
+    from attnviz.cli._steps import doing, stepping
     from attnviz.render import atlas
     from attnviz.render.heatmap import save_figure
 
@@ -176,12 +178,17 @@ def atlas_heatmap(cap: AttentionRecord, *, layer: int | None, head: int | str | 
                 warnings.append(artists.layout.dropped_values)
             fig = artists.fig
         else:
-            fig, block = atlas.atlas_head_figure(cap, index, which, options=figure)
+            named = "the mean of the heads" if which == "mean" else f"head {which}"
+            with doing(stderr, f"atlas of layer {index}, {named}"):
+                fig, block = atlas.atlas_head_figure(cap, index, which, options=figure)
             label += f"_atlas{block}"
     else:
         if windowed:
             raise UsageError("a window (--tokens, --queries, --keys) of a long capture is "
                              "drawn for one head", "add --layer L --head H (or --head mean)")
+        # Every head's atlas from one pass over the scores (held after a summary capture).
+        with stepping(stderr, "atlas of every head", "tokens") as progress:
+            cap.prepare(progress=progress)
         if layer is not None:
             index = cap.layer_index(layer)
             fig, block = atlas.atlas_grid_figure(cap, index, options=figure)
@@ -189,7 +196,8 @@ def atlas_heatmap(cap: AttentionRecord, *, layer: int | None, head: int | str | 
         else:
             fig, block = atlas.atlas_grid_figure(cap, None, options=figure)
             label = f"overview_atlas{block}"
-    path = save_figure(fig, out or figure_name(cap, label + suffix), dpi=figure.dpi)
+    with doing(stderr, "drawing the figure"):
+        path = save_figure(fig, out or figure_name(cap, label + suffix), dpi=figure.dpi)
     return path, warnings
 
 

@@ -579,10 +579,13 @@ def session() -> Session:
 
             _SESSION = RemoteSession(_SERVER, warn=warn, python=False)
             return _SESSION
+        from attnviz.cli._steps import step
         from attnviz.session import Session
 
         _SESSION = Session(warn=warn, python=False, on_load=lambda name: stderr.status(
             f"Loading {name}...", spinner="dots"))
+        # A long capture's forward pass, layer by layer (up to the last layer it records).
+        _SESSION.long_progress = step(stderr, "forward pass", "layers")
     return _SESSION
 
 

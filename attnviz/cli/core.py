@@ -245,7 +245,17 @@ def topk_table(record: AttentionRecord, layer: int, head_choice: int | str | Non
     shown_layer = view.layer_index(layer)
     index = view.head_index("mean" if head_choice == "mean" else int(head_choice or 0))
     head_label = view.mean_label if index is None else str(index)
-    rows = topk_rows(view, shown_layer, "mean" if index is None else index, k)
+    which: int | str = "mean" if index is None else index
+    if view.finest_block > 1:  # a pass over the head's scores: show it
+        from attnviz.cli._common import stderr
+        from attnviz.cli._steps import stepping
+
+        named = "the mean of the heads" if index is None else f"head {index}"
+        with stepping(stderr, f"top-{k} keys, layer {shown_layer} {named}",
+                      "queries") as progress:
+            rows = topk_rows(view, shown_layer, which, k, progress=progress)
+    else:
+        rows = topk_rows(view, shown_layer, which, k)
     title = _head_title(view, shown_layer, head_label, _notes(view)) + f", top {k}"
     return rows, title, k
 

@@ -214,9 +214,16 @@ def _progress(total: int | None) -> ExportProgress:
 
             def __init__(self) -> None:
                 self.done = 0
+                self.steps: dict[str, Any] = {}
 
             def note(self, message: str) -> None:
                 stderr.print(escape(message), markup=True)
+
+            def step(self, name: str, done: int, total: int) -> None:
+                from attnviz.cli._steps import Step
+
+                made = self.steps.setdefault(name, Step(stderr, name, ""))
+                made(done, total)  # one line per step still running after a moment
 
             def end_text(self, label: str, status: str, detail: str) -> None:
                 self.done += 1
@@ -248,6 +255,7 @@ def _progress(total: int | None) -> ExportProgress:
                 console=stderr, transient=False)
             self.texts = self.bar.add_task("texts", total=total, rate="")
             self.files = self.bar.add_task("files", total=0, rate="")
+            self.step_task = self.bar.add_task("", total=None, rate="", visible=False)
             self.started = time.perf_counter()
             self.file_total = 0
 
@@ -271,6 +279,10 @@ def _progress(total: int | None) -> ExportProgress:
                 self.bar.console.print(
                     escape(f"[failed] {label}: {detail}"), style="red", markup=True)
             self.bar.update(self.texts, advance=1)
+
+        def step(self, name: str, done: int, total: int) -> None:
+            self.bar.update(self.step_task, description=name, completed=done, total=total,
+                            visible=done < total)
 
         def stop(self) -> None:
             self.bar.stop()

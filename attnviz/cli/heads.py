@@ -465,6 +465,11 @@ def heads_command(
         request = dataclasses.replace(  # every head is read: one pass computes them all
             options.request(layers=layers, heads=heads, long_path=True), long_summary=True)
         record = session().run(request)
+        from attnviz.cli._steps import stepping
+
+        with stepping(stderr, "statistics, atlas and sinks of every head",
+                      "tokens") as progress:
+            record.prepare(progress=progress)  # held already after a capture
         view = record_view(record, exclude_special=exclude_special, words=words)
         sums = long_stat_sums(view)  # each head's statistics, whatever holds the weights
         single = view

@@ -148,7 +148,12 @@ def _long_report(options: CaptureOptions, input_file: Path | None, folder: Path,
     if out is None:
         out = Path(f"attention_{slugify(capture.text, 30)}_"
                    f"{short_hash(capture.text, capture.model, length=6)}_long.html")
-    stdout.print(str(write_long_report(capture, out, title=title)))
+    from attnviz.cli._common import stderr
+    from attnviz.cli._steps import stepping
+
+    with stepping(stderr, "atlas, statistics and sinks of every head", "tokens") as progress:
+        written = write_long_report(capture, out, title=title, progress=progress)
+    stdout.print(str(written))
 
 
 @app.command("html")

@@ -66,9 +66,10 @@ def _write_bytes(data: bytes, handle: IO[bytes]) -> None:
     handle.write(data)
 
 
-def write_text(cap: LongCapture, folder: Path, options: ExportOptions) -> list[str]:
+def write_text(cap: LongCapture, folder: Path, options: ExportOptions,
+               progress: ExportProgress | None = None) -> list[str]:
     """Write one text's files into ``folder`` (inside the export folder); returns their
-    names, relative to ``folder``."""
+    names, relative to ``folder``; ``progress`` hears of the pass over every head."""
     from attnviz.analysis.tables import topk_csv_rows
     from attnviz.analysis.topk import TOPK_CSV_COLUMNS
     from attnviz.csvtext import csv_text
@@ -77,6 +78,11 @@ def write_text(cap: LongCapture, folder: Path, options: ExportOptions) -> list[s
 
     files: list[str] = []
     root = folder.parent
+    # One pass over every head's scores gives the atlas, statistics and sinks (a capture
+    # made with the summary holds it already; a saved one is scanned once here).
+    shown = progress or ExportProgress()
+    cap.prepare(progress=functools.partial(
+        shown.step, "atlas, statistics and sinks of every head (tokens)"))
     for name, fig in _figures(cap, options).items():
         path = folder / name
         data = figure_bytes(fig, options.fmt, options.dpi)
@@ -227,7 +233,7 @@ def _one(number: int, item: ExportItem, label: str, out_dir: Path, options: Expo
             check_texts(text, pair)
             source = model_settings(request.spec, request.max_tokens, request.truncate)
         else:
-            cap = _capture(item, request, session)
+            cap = _capture(item, request, session, progress)
             text, pair, source = cap.text, cap.pair, {"dump": cap.model}
         name = folder_name(text, pair, item.id)
         folder = safe_child(out_dir, name)
@@ -238,7 +244,7 @@ def _one(number: int, item: ExportItem, label: str, out_dir: Path, options: Expo
             index.add(skip_text(summary, progress, number, item, label, name, finished))
             return
         if cap is None:
-            cap = _capture(item, request, session)
+            cap = _capture(item, request, session, progress)
         progress.begin_text(label, len(options.figures) + 3)
         if folder.exists():
             clean_temporaries(folder)
@@ -252,7 +258,7 @@ def _one(number: int, item: ExportItem, label: str, out_dir: Path, options: Expo
                         "heads": list(cap.heads), "files": []}
             # The folder is described (not complete) before its first file.
             write_json(work / MANIFEST, manifest)
-            files = write_text(cap, work, options)
+            files = write_text(cap, work, options, progress)
             manifest = {**manifest, "complete": True, "files": files}
             with signals_held():  # files, manifest and index entry together
                 replace_outputs(folder, work, files, out_dir)
@@ -271,7 +277,22 @@ def _one(number: int, item: ExportItem, label: str, out_dir: Path, options: Expo
     progress.end_text(label, "exported", f"{name}: {len(files) + 1} files")
 
 
-def _capture(item: ExportItem, request: CaptureRequest, session: Session) -> LongCapture:
+def _capture(item: ExportItem, request: CaptureRequest, session: Session,
+             progress: ExportProgress) -> LongCapture:
+    """The long capture of one item (a saved long capture is read, not captured again), with
+    every head's summary from the forward's own pass; ``progress`` hears of the forward, layer
+    by layer."""
+    held = session.long_progress
+    session.long_progress = functools.partial(
+        progress.step, "forward pass, every head's summary on the way (layers)")
+    try:
+        return _capture_item(item, dataclasses.replace(request, long_summary=True), session)
+    finally:
+        session.long_progress = held
+
+
+def _capture_item(item: ExportItem, request: CaptureRequest,
+                  session: Session) -> LongCapture:
     """The record of one item (a saved capture is read, not captured again). A model without
     a long path answers with its full capture when that fits; its files are written the same
     way, since every record answers the same questions."""

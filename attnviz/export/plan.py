@@ -359,6 +359,10 @@ class ExportProgress:
     def end_text(self, label: str, status: str, detail: str) -> None:
         """A text is done: ``status`` is ``exported``, ``skipped`` or ``failed``."""
 
+    def step(self, name: str, done: int, total: int) -> None:
+        """A long step of one text (``"forward pass"``, its layers) is ``done`` of ``total``
+        far."""
+
 
 @dataclass
 class ExportSummary:

@@ -308,13 +308,13 @@ class _RowRecorder:
         self.rows: list[dict[int, torch.Tensor]] = []  # per step: layer -> [head, key]
         self._index: torch.Tensor | None = None  # self.heads on the model's device
 
-    def record(self, module: Any, query: torch.Tensor, key: torch.Tensor,
+    def record(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                mask: torch.Tensor | None, scaling: float | None, kwargs: dict[str, Any]
-               ) -> bool:
+               ) -> tuple[bool, torch.Tensor | None]:
         """Record the last query's row of one attention call; never asks the seam to stop
-        the forward pass (``False``)."""
+        the forward pass, and leaves the output to the model's own kernel (``False, None``)."""
         self._record(module, query, key, mask, scaling, kwargs)
-        return False
+        return False, None
 
     def _record(self, module: Any, query: torch.Tensor, key: torch.Tensor,
                 mask: torch.Tensor | None, scaling: float | None,

@@ -92,6 +92,71 @@ def visible_counts(q0: int, q1: int, size: int, causal: bool, window: int | None
     return count
 
 
+def _additive(mask: torch.Tensor, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """The ``[..., T, T]`` corner of a boolean (``True``: visible) or additive mask, as the
+    additive mask of ``dtype`` the fused kernels take (sdpa converts a boolean mask so too)."""
+    mask = mask[..., :size, :size]
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+            ~mask, float("-inf"))
+    return mask.to(dtype)
+
+
+def kernel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     mask: torch.Tensor | None, scale: float, causal: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor, str] | None:
+    """The attention output and each row's log-sum-exp from one call of torch's fused kernel,
+    the call ``scaled_dot_product_attention`` makes for these inputs.
+
+    On the CPU that is ``_scaled_dot_product_flash_attention_for_cpu`` (any mask, as an
+    additive mask); on CUDA ``_scaled_dot_product_flash_attention`` (16-bit inputs, no mask)
+    or ``_scaled_dot_product_efficient_attention`` (a mask as a bias). Grouped key heads are
+    expanded as transformers' ``repeat_kv`` does.
+
+    Args:
+        query: ``[1, head, T, dim]``; key, value: ``[1, kv_head, T, dim]`` (same dtype).
+        mask: ``None``, or the model's mask (``[1 or B, 1 or head, >= T, >= T]``, boolean or
+            additive), already checked to be the causal/window pattern.
+        scale: the attention function's ``scaling``; causal: whether query ``i`` sees keys
+            ``<= i`` (used when there is no mask).
+
+    Returns:
+        ``(output [1, head, T, dim] in the input dtype, lse [head, T] float32, kernel name)``,
+        or ``None`` where no fused kernel returning the log-sum-exp takes the inputs (another
+        device, head sizes that differ): the caller computes it with :func:`lse_chunked`.
+    """
+    size, heads = int(query.shape[2]), int(query.shape[1])
+    if query.shape[-1] != value.shape[-1] or query.dtype != key.dtype:
+        return None
+    group = heads // int(key.shape[1])
+    if group > 1:  # transformers' repeat_kv: query head h reads key head h // group
+        key = key.repeat_interleave(group, dim=1)
+        value = value.repeat_interleave(group, dim=1)
+    is_causal = causal and mask is None and size > 1
+    if query.device.type == "cpu":
+        bias = None if mask is None else _additive(mask, size, query.dtype)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, is_causal, attn_mask=bias, scale=scale)
+        return out, lse[0, :, :size].float(), "flash (CPU)"
+    if query.device.type != "cuda":  # pragma: no cover - other accelerators
+        return None
+    try:  # pragma: no cover - needs CUDA
+        if mask is None and query.dtype in (torch.float16, torch.bfloat16) \
+                and query.shape[-1] <= 256:
+            found = torch.ops.aten._scaled_dot_product_flash_attention(
+                query, key, value, 0.0, is_causal, False, scale=scale)
+            return found[0], found[1][0, :, :size].float(), "flash (CUDA)"
+        bias = None if mask is None else _additive(mask, size, query.dtype).expand(
+            1, heads, size, size)
+        found = torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, bias, True, 0.0, is_causal, scale=scale)
+        return found[0], found[1][0, :, :size].float(), "memory-efficient (CUDA)"
+    except torch.OutOfMemoryError:  # pragma: no cover - not a refusal of the inputs
+        raise
+    except RuntimeError:  # pragma: no cover - a kernel that does not take these inputs
+        return None
+
+
 def lse_chunked(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool,
                 window: int | None, budget: int = DEFAULT_CHUNK_BYTES) -> torch.Tensor:
     """Each query row's log-sum-exp of its visible scores, chunk by chunk.
@@ -114,6 +179,47 @@ def lse_chunked(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool,
         top = s.amax(dim=-1, keepdim=True)  # [head, rows, 1]
         out[:, q0:q1] = top[..., 0] + s.sub_(top).exp_().sum(dim=-1).log_()
     return out
+
+
+def lse_rows(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool,
+             window: int | None, rows: torch.Tensor,
+             budget: int = DEFAULT_CHUNK_BYTES) -> torch.Tensor:
+    """:func:`lse_chunked` of some query rows only (any order).
+
+    Args:
+        q: ``[head, T, dim]`` float32; ``k``: ``[kv_head, T, dim]`` float32.
+        rows: ``[n]`` int64 query positions.
+
+    Returns:
+        ``[head, n]`` float32.
+    """
+    heads, size, _ = q.shape
+    out = torch.empty(heads, len(rows), dtype=torch.float32, device=q.device)
+    step = chunk_rows(heads, size, budget)
+    j = torch.arange(size, device=q.device)[None, :]
+    for a in range(0, len(rows), step):
+        picked = rows[a:a + step].to(q.device)
+        s = scores(q[:, picked], k, scale)  # [head, n, T]
+        i = picked[:, None]
+        hidden = (j > i) if causal else torch.zeros_like(j > i)
+        if window:
+            hidden = hidden | (j <= i - window)
+        s.masked_fill_(hidden, MASKED)
+        top = s.amax(dim=-1, keepdim=True)
+        out[:, a:a + step] = top[..., 0] + s.sub_(top).exp_().sum(dim=-1).log_()
+    return out
+
+
+def sample_rows(q: torch.Tensor, per_head: int = 8) -> torch.Tensor:
+    """Query rows where a log-sum-exp is most likely off: the first and last rows, a few
+    between, and each head's rows of the largest query norm (the largest scores, whose float32
+    rounding matters most). ``q``: ``[head, T, dim]``; returns sorted unique positions."""
+    size = int(q.shape[1])
+    picks = [torch.arange(min(4, size)), torch.arange(max(0, size - 8), size),
+             torch.linspace(0, size - 1, 8).long()]
+    norms = q.norm(dim=-1)  # [head, T]
+    picks.append(norms.topk(min(per_head, size), dim=-1).indices.flatten().cpu())
+    return torch.unique(torch.cat(picks))
 
 
 def log_weight_chunks(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float,

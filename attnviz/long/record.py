@@ -481,14 +481,16 @@ class LongCapture:
         """Exact weights of queries ``q0..q1`` against every key: ``[q1 - q0, T]`` float32."""
         return self.tile(layer, head, q0, q1, 0, self.num_tokens)
 
-    def topk(self, layer: int, head: int | str, k: int, q0: int = 0, q1: int | None = None
+    def topk(self, layer: int, head: int | str, k: int, q0: int = 0, q1: int | None = None,
+             *, progress: Callable[[int, int], None] | None = None
              ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` keys each query in ``q0..q1`` attends to most, strongest first.
 
         Returns:
             ``(indices, values)``: ``[q1 - q0, k]`` int64 key positions and float32 weights.
             A query that sees fewer than ``k`` keys (early rows of a causal model) gets
-            index ``-1`` and weight 0 in the places left over.
+            index ``-1`` and weight 0 in the places left over. ``progress(rows done, rows)``
+            follows the pass.
         """
         from attnviz.long.scan import topk_head
 
@@ -496,7 +498,8 @@ class LongCapture:
         index = self._head(head)
         q0, q1 = self._span(q0, q1, "query")
         k = check_k(k)
-        indices, values = topk_head(self, layer, index, min(int(k), self.num_tokens), q0, q1)
+        indices, values = topk_head(self, layer, index, min(int(k), self.num_tokens), q0, q1,
+                                     progress=progress)
         self._finite_result(layer, values)
         return indices, values
 
@@ -523,25 +526,32 @@ class LongCapture:
         return sums, maxes
 
     # ------------------------------------------------------------------ whole-capture scans
-    def summarise(self, *, block: int | None = None, k: int = 0) -> Summary:
+    def summarise(self, *, block: int | None = None, k: int = 0, mean: bool = False,
+                  progress: Callable[[int, int], None] | None = None) -> Summary:
         """One streamed pass over every recorded layer and head: head statistics, attention
         received, the atlas at ``block`` (coarser levels are pooled from it; by default the
-        finest block from 64 up that keeps the grid within 512 x 512) and, with ``k > 0``,
-        every head's top-``k`` keys per query. Kept, so later calls are free."""
+        finest block from 64 up that keeps the grid within 512 x 512; with ``mean``, the
+        mean over heads' block maxima too) and, with ``k > 0``, every head's top-``k`` keys
+        per query. Kept, so later calls are free; ``progress(rows done, rows in all)``."""
         from attnviz.long.scan import summarise
 
         block = check_summary(self.num_tokens, block, k)
         held = self._summary
-        if held is None or held.block > block or held.k < k:
-            summary = summarise(self, block=block, k=min(int(k), self.num_tokens))
+        if held is None or held.block > block or held.k < k or (mean and not held.mean):
+            if held is not None:  # what the held summary had is kept
+                k, mean = max(int(k), held.k), mean or held.mean
+            summary = summarise(self, block=block, k=min(int(k), self.num_tokens), mean=mean,
+                                progress=progress)
             for position, layer in enumerate(self.layers):
                 self._finite_result(layer, summary.received[position])
             self._summary = summary
         return cast("Summary", self._summary)
 
-    def prepare(self, *, block: int | None = None, k: int = 0) -> None:
-        """:meth:`summarise`: every whole-record answer in one streamed pass, kept."""
-        self.summarise(block=block, k=k)
+    def prepare(self, *, block: int | None = None, k: int = 0,
+                progress: Callable[[int, int], None] | None = None) -> None:
+        """:meth:`summarise`: every whole-record answer in one streamed pass, kept
+        (``progress(rows done, rows)`` follows the pass)."""
+        self.summarise(block=block, k=k, progress=progress)
 
     def head_stats(self) -> dict[str, np.ndarray]:
         """Statistic -> ``[layer, head]`` mean over query rows, with the definitions of

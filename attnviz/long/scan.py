@@ -38,6 +38,7 @@ class Summary:
             last) is the mean over heads, whose maxima are not scanned here (NaN): the mean's
             maximum needs the mean matrix, which :func:`atlas_head` builds when asked.
         top_indices, top_values: ``[layer, head, T, k]`` (int64, float32), or ``None``.
+        mean: whether the mean's atlas maxima were scanned too (else they are NaN).
     """
 
     block: int
@@ -48,6 +49,7 @@ class Summary:
     atlas_maxes: np.ndarray
     top_indices: np.ndarray | None
     top_values: np.ndarray | None
+    mean: bool = False
 
     def means(self) -> dict[str, np.ndarray]:
         return self.stats.means()
@@ -126,12 +128,15 @@ def _topk_chunk(s: torch.Tensor, k: int, k0: int) -> tuple[torch.Tensor, torch.T
 
 
 def topk_head(capture: LongCapture, layer: int, head: int | None, k: int, q0: int,
-              q1: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` keys per query of one head (``None``: the mean over heads)."""
+              q1: int, progress: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` keys per query of one head (``None``: the mean over heads);
+    ``progress(rows done, rows)`` after each chunk."""
     q, keys, lse = capture._operands(layer, head, q0, q1)
     scale, window = capture.scales[layer], capture.windows[layer]
     indices = np.empty((q1 - q0, k), dtype=np.int64)
     values = np.empty((q1 - q0, k), dtype=np.float32)
+    if progress is not None:
+        progress(0, q1 - q0)
     for a0, a1, k0, s in kernels.log_weight_chunks(q, keys, lse, scale, capture.causal, window,
                                                    q0, q1):
         if head is None:
@@ -152,6 +157,8 @@ def topk_head(capture: LongCapture, layer: int, head: int | None, k: int, q0: in
         else:
             index, top = _topk_chunk(s, k, k0)
             indices[a0 - q0:a1 - q0], values[a0 - q0:a1 - q0] = index[0].cpu(), top[0].cpu()
+        if progress is not None:
+            progress(a1 - q0, q1 - q0)
     return indices, values
 
 
@@ -159,7 +166,7 @@ def atlas_head(capture: LongCapture, layer: int, head: int | None,
                block: int) -> tuple[np.ndarray, np.ndarray]:
     """The atlas of one head (``None``: the mean): held levels are pooled, others scanned."""
     held = capture._summary
-    if held is not None and block >= held.block and head is not None:
+    if held is not None and block >= held.block and (head is not None or held.mean):
         return held.atlas(capture.layers.index(layer), head, block)
     size = capture.num_tokens
     nb = -(-size // block)
@@ -203,17 +210,26 @@ def auto_block(size: int) -> int:
     return block
 
 
-def summarise(capture: LongCapture, *, block: int, k: int) -> Summary:
-    """Statistics, received attention, the atlas and (``k > 0``) top-k of every head, one
-    layer at a time with :func:`scan_layer` (the log-sum-exp recomputed on the way)."""
+def summarise(capture: LongCapture, *, block: int, k: int, mean: bool = False,
+              progress: Any = None) -> Summary:
+    """Statistics, received attention, the atlas (with ``mean``, the mean's maxima too) and
+    (``k > 0``) top-k of every head, one layer at a time with :func:`scan_layer` (the
+    log-sum-exp recomputed on the way); ``progress(done, total)`` after each chunk of rows."""
     features = _key_features(capture).to(capture.device)
     scans = []
-    for layer in capture.layers:
-        q, keys, _lse = capture._operands(layer, None, 0, capture.num_tokens)
+    layers = list(capture.layers)
+    size = capture.num_tokens
+    if progress is not None:
+        progress(0, len(layers) * size)
+    for number, layer in enumerate(layers):
+        q, keys, _lse = capture._operands(layer, None, 0, size)
+        tick = None if progress is None else (
+            lambda done, n=number: progress(n * size + done, len(layers) * size))
         scans.append(scan_layer(q, keys, capture.scales[layer], capture.causal,
-                                capture.windows[layer], features, block=block, k=k))
-    return build_summary(scans, layers=list(capture.layers), block=block, k=k,
-                         model=capture.model, causal=capture.causal)
+                                capture.windows[layer], features, block=block, k=k,
+                                mean=mean, progress=tick))
+    return build_summary(scans, layers=layers, block=block, k=k, model=capture.model,
+                         causal=capture.causal)
 
 
 @dataclass
@@ -228,6 +244,7 @@ class LayerScan:
     atlas_maxes: np.ndarray
     top_indices: np.ndarray | None  # [head, T, k]
     top_values: np.ndarray | None
+    mean_maxes: np.ndarray | None = None  # [nb, nb]: the mean over heads' block maxima
 
 
 def build_summary(scans: list[LayerScan], *, layers: list[int], block: int, k: int,
@@ -243,17 +260,22 @@ def build_summary(scans: list[LayerScan], *, layers: list[int], block: int, k: i
     per_head = np.stack([s.atlas_sums for s in scans])  # [layer, head, nb, nb]
     atlas_sums = np.concatenate([per_head, per_head.mean(axis=1, keepdims=True)], axis=1)
     maxes = np.stack([s.atlas_maxes for s in scans])
-    atlas_maxes = np.concatenate([maxes, np.full_like(maxes[:, :1], np.nan)], axis=1)
+    mean = all(s.mean_maxes is not None for s in scans)
+    mean_maxes = (np.stack([s.mean_maxes for s in scans])[:, None]  # type: ignore[misc]
+                  if mean else np.full_like(maxes[:, :1], np.nan))
+    atlas_maxes = np.concatenate([maxes, mean_maxes], axis=1)
     top_indices = np.stack([s.top_indices for s in scans]) if k else None  # type: ignore[misc]
     top_values = np.stack([s.top_values for s in scans]) if k else None  # type: ignore[misc]
     return Summary(block=block, k=k, stats=stats,
                    received=np.stack([s.received for s in scans]), atlas_sums=atlas_sums,
-                   atlas_maxes=atlas_maxes, top_indices=top_indices, top_values=top_values)
+                   atlas_maxes=atlas_maxes, top_indices=top_indices, top_values=top_values,
+                   mean=mean)
 
 
 def scan_layer(q: torch.Tensor, keys: torch.Tensor, scale: float, causal: bool,
                window: int | None, features: torch.Tensor, *, block: int, k: int,
-               budget: int | None = None) -> LayerScan:
+               budget: int | None = None, mean: bool = False,
+               progress: Any = None) -> LayerScan:
     """Every head's log-sum-exp, statistics, received attention, atlas and top-``k`` of one
     layer, in one pass over its scores.
 
@@ -270,6 +292,8 @@ def scan_layer(q: torch.Tensor, keys: torch.Tensor, scale: float, causal: bool,
         features: ``[T, 2]`` float32 key features (:func:`_key_features`).
         block: the atlas block (a power of two); chunks never straddle one.
         k: top keys kept per query (0: none).
+        mean: also the block maxima of the mean over heads (``sum_h e_h / z_h / heads``).
+        progress: called with the rows done after each chunk.
     """
     heads, size, dim = q.shape
     kv_heads = keys.shape[0]
@@ -284,6 +308,7 @@ def scan_layer(q: torch.Tensor, keys: torch.Tensor, scale: float, causal: bool,
     lse = torch.empty(heads, size, dtype=torch.float32, device=device)
     grid_sums = torch.zeros(heads, nb, nb, device=device)
     grid_maxes = torch.zeros(heads, nb, nb, device=device)
+    mean_maxes = torch.zeros(nb, nb, device=device) if mean else None
     got = torch.zeros(heads, size, dtype=torch.float64, device=device)
     sums = {key: torch.zeros(heads, dtype=torch.float64, device=device) for key in STAT_KEYS}
     counts = {key: torch.zeros(heads, dtype=torch.float64, device=device) for key in STAT_KEYS}
@@ -326,11 +351,21 @@ def scan_layer(q: torch.Tensor, keys: torch.Tensor, scale: float, causal: bool,
         cells = (block_max - chunk_lse[..., None]).exp_().amax(dim=1)  # [head, key blocks]
         target = grid_maxes[:, row, c0:c0 + cells.shape[-1]]
         torch.maximum(target, cells, out=target)
+        if mean_maxes is not None:
+            average = weights[0] * (factor[0] / heads)[:, None]  # [rows, keys]
+            for h in range(1, heads):
+                average.addcmul_(weights[h], (factor[h] / heads)[:, None])
+            c0, cells = _blocks(average, k0, block, "max")
+            target = mean_maxes[row, c0:c0 + cells.shape[-1]]
+            torch.maximum(target, cells.amax(dim=0), out=target)
+        if progress is not None:
+            progress(a1)
     return LayerScan(lse=lse, sums={key: value.cpu().numpy() for key, value in sums.items()},
                      counts={key: value.cpu().numpy() for key, value in counts.items()},
                      received=got.cpu().numpy(), atlas_sums=grid_sums.cpu().numpy(),
                      atlas_maxes=grid_maxes.cpu().numpy(), top_indices=top_indices,
-                     top_values=top_values)
+                     top_values=top_values,
+                     mean_maxes=None if mean_maxes is None else mean_maxes.cpu().numpy())
 
 
 def _top_scores(s: torch.Tensor, block_max: torch.Tensor, k: int,

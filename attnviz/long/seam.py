@@ -46,6 +46,8 @@ _PREFIX = "attnviz-long-"
 _ACTIVE: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar(
     "attnviz_long_recorder", default=None)
 # Keyword arguments that change the scores in ways the weights here do not reproduce.
+#: Largest difference from the exact log-sum-exp, on sampled rows, of a kernel's that is kept.
+KERNEL_LSE_TOLERANCE = 5e-6
 _UNSUPPORTED_KWARGS = {"softcap": "logit softcapping", "s_aux": "attention sinks (s_aux)",
                        "position_bias": "a relative position bias", "sinks": "attention sinks"}
 
@@ -73,14 +75,32 @@ class _Recorder:
     block: int = 0
     k: int = 0
     scans: dict[int, scan.LayerScan] = field(default_factory=dict)
+    #: Where each layer's log-sum-exp came from (the kernel's name, or the chunked pass).
+    methods: dict[int, str] = field(default_factory=dict)
+    #: Take the log-sum-exp from the fused kernel where it returns one.
+    use_kernel: bool = True
+    #: Called with (attention calls seen, calls the pass makes) as the forward goes on.
+    progress: Callable[[int, int], None] | None = None
 
-    def record(self, module: Any, query: torch.Tensor, key: torch.Tensor,
+    @property
+    def last(self) -> int:
+        """The last layer recorded: the forward stops after it."""
+        return max(self.layers)
+
+    def record(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                mask: torch.Tensor | None, scaling: float | None,
-               kwargs: dict[str, Any]) -> bool:
-        """Record one attention call; returns whether it was the last layer wanted."""
+               kwargs: dict[str, Any]) -> tuple[bool, torch.Tensor | None]:
+        """Record one attention call.
+
+        Returns:
+            Whether it was the last layer wanted, and the kernel's output ``[1, head, T, dim]``
+            when the log-sum-exp came from the fused kernel (``None`` otherwise).
+        """
         layer = self._layer_of(module, query, key)
+        if layer is not None and self.progress is not None and layer <= self.last:
+            self.progress(layer, self.last + 1)  # layers done before this one
         if layer is None or layer not in self.layers:
-            return False
+            return False, None
         for name, what in _UNSUPPORTED_KWARGS.items():
             if kwargs.get(name) is not None:
                 raise LongUnsupported(f"layer {layer} uses {what}, which the long capture does "
@@ -112,14 +132,17 @@ class _Recorder:
         _check_mask(mask, size, bool(causal), window, layer)
         q = _rounded(query[0].detach(), self.dtype)  # [head, T, dim] float32
         k = _rounded(key[0].detach(), self.dtype)  # [kv_head, T, dim] float32
-        if self.features is None:
-            lse = kernels.lse_chunked(q, k, scale, bool(causal), window, self.budget)
-        else:  # everything derived, from the same pass that finds the log-sum-exp
+        output: torch.Tensor | None = None
+        if self.features is not None:  # everything derived, from the pass that finds the lse
             found = scan.scan_layer(q, k, scale, bool(causal), window,
                                     self.features.to(q.device), block=self.block,
                                     k=min(self.k, size), budget=self.budget)
             lse = found.lse
             self.scans[layer] = found
+            self.methods[layer] = "summary scan"
+        else:
+            lse, output = self._kernel_lse(query, key, value, q, k, mask, scale, bool(causal),
+                                           window, layer, float(kwargs.get("dropout") or 0.0))
         for kind, tensor in (("q", q), ("k", k), ("lse", lse)):
             array = tensor if kind == "lse" else to_storage(tensor, self.dtype)
             _write_npy(self.folder, layer_file(kind, layer), array)
@@ -129,7 +152,43 @@ class _Recorder:
             raise LongUnsupported("the model mixes causal and bidirectional layers")
         self.causal = bool(causal)
         self.num_kv_heads, self.head_dim, self.num_tokens = kv_heads, int(query.shape[-1]), size
-        return layer == max(self.layers)
+        return layer == self.last, output
+
+    def _kernel_lse(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                    causal: bool, window: int | None, layer: int, dropout: float
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer's log-sum-exp ``[head, T]`` and the kernel's output: from the model's own
+        fused kernel call where it returns one, else the exact chunked pass (output ``None``).
+
+        The log-sum-exp must normalise the queries and keys as stored: when storing rounds
+        them (a float32 model kept as bfloat16), the kernel runs once more on the rounded
+        copies for it (one more kernel call, still a fraction of the chunked pass).
+        """
+        found = None
+        if self.use_kernel and not dropout:
+            found = kernels.kernel_attention(query.detach(), key.detach(), value.detach(), mask,
+                                             scale, causal)
+        if found is None:
+            self.methods[layer] = "chunked"
+            return kernels.lse_chunked(q, k, scale, causal, window, self.budget), None
+        output, lse, name = found
+        if not _stored_exactly(query.dtype, self.dtype):
+            rounded = kernels.kernel_attention(q[None], k[None], k[None], mask, scale, causal)
+            if rounded is None:  # pragma: no cover - the same kernel took the model's inputs
+                self.methods[layer] = "chunked"
+                return kernels.lse_chunked(q, k, scale, causal, window, self.budget), output
+            lse = rounded[1]
+        # The kernel's float32 rounding of large scores differs from the chunked pass's (the
+        # weights are read back as exp(scale * q.k - lse) the chunked way): its log-sum-exp
+        # is taken only where it agrees with the exact one on the rows most likely to differ.
+        rows = kernels.sample_rows(q)
+        exact = kernels.lse_rows(q, k, scale, causal, window, rows, self.budget)
+        if float((lse[:, rows.to(lse.device)] - exact).abs().max()) > KERNEL_LSE_TOLERANCE:
+            self.methods[layer] = "chunked"
+            return kernels.lse_chunked(q, k, scale, causal, window, self.budget), output
+        self.methods[layer] = name
+        return lse, output
 
     def _layer_of(self, module: Any, query: torch.Tensor, key: torch.Tensor) -> int | None:
         """The layer of one attention call, counted in call order (the order of
@@ -141,6 +200,11 @@ class _Recorder:
             return None
         self.calls += 1
         return self.calls - 1
+
+
+def _stored_exactly(model_dtype: torch.dtype, dtype: str) -> bool:
+    """Whether storing queries and keys of ``model_dtype`` as ``dtype`` keeps every value."""
+    return dtype == "float32" or getattr(torch, dtype) == model_dtype
 
 
 def _check_layout(layer: int, heads: int, kv_heads: int, head_dim: int,
@@ -216,10 +280,14 @@ def _wrapper(base: str) -> Callable[..., Any]:
     def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
         recorder = _ACTIVE.get()
-        last = False
+        last, output = False, None
         if recorder is not None:
             scaling = kwargs.get("scaling", args[1] if len(args) > 1 else None)
-            last = recorder.record(module, query, key, attention_mask, scaling, kwargs)
+            dropout = kwargs.get("dropout", args[0] if args else 0.0)
+            answer = recorder.record(module, query, key, value, attention_mask, scaling,
+                                     {**kwargs, "dropout": dropout})
+            # (last layer?, kernel output); a recorder that only watches answers no tuple.
+            last, output = answer if isinstance(answer, tuple) else (bool(answer), None)
         if base == "eager":
             # Each model file has its own eager function (GPT-2's and BERT's differ).
             original: Any = getattr(sys.modules[type(module).__module__],
@@ -235,6 +303,9 @@ def _wrapper(base: str) -> Callable[..., Any]:
             from attnviz.models.hooks import StopForward
 
             raise StopForward
+        if output is not None and base == "sdpa":
+            # The very call sdpa_attention_forward makes; its layout is [batch, T, head, dim].
+            return output.transpose(1, 2).contiguous(), None
         return original(module, query, key, value, attention_mask, *args, **kwargs)
 
     return attention
@@ -287,7 +358,9 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
                  layers: list[int] | None = None, max_tokens: int | None = None,
                  dtype: str = "float32", folder: str | Path | None = None,
                  chunk_bytes: int = kernels.DEFAULT_CHUNK_BYTES, summary: bool = False,
-                 block: int | None = None, k: int = 0) -> LongCapture:
+                 block: int | None = None, k: int = 0,
+                 progress: Callable[[int, int], None] | None = None,
+                 use_kernel: bool = True) -> LongCapture:
     """Capture queries, keys and log-sum-exp of ``text`` while the model runs its own kernel.
 
     Args:
@@ -307,6 +380,12 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
             capturing and then summarising; the files written are the same.
         block, k: the summary's atlas block and top keys per query (see
             :meth:`LongCapture.summarise`).
+        progress: called with ``(layers done, layers the pass runs)`` as each layer's
+            attention starts and once at the end (the forward stops after the last recorded
+            layer).
+        use_kernel: take each layer's log-sum-exp from the model's fused kernel call where
+            it returns one (``meta["lse"]`` says, per recorded layer); ``False``: always the
+            exact chunked pass.
 
     Returns:
         The :class:`LongCapture`, memory-mapped from ``folder``.
@@ -344,13 +423,16 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
     # An old sidecar out first: a folder whose sidecar is there describes the arrays beside it.
     remove_file(target / SIDECAR, target)
     recorder = _Recorder(layers=sorted(keep), folder=target, dtype=dtype, budget=chunk_bytes,
-                         num_heads=int(getattr(hf_model, "num_heads", 0) or 0))
+                         num_heads=int(getattr(hf_model, "num_heads", 0) or 0),
+                         use_kernel=use_kernel, progress=progress)
     if summary:
         recorder.block, recorder.k = summary_block, int(k)
         recorder.features = scan.key_features(display, special)
     token = _ACTIVE.set(recorder)
     try:
         _run(hf_model, enc, name)
+        if progress is not None and recorder.layers:
+            progress(recorder.last + 1, recorder.last + 1)
     except BaseException:
         if temporary:
             shutil.rmtree(target, ignore_errors=True)
@@ -369,6 +451,7 @@ def capture_long(hf_model: Any, text: str, *, pair: str | None = None,
         "source": "huggingface", "model_type": hf_model.model_type,
         "revision": hf_model.revision, "device": str(hf_model.device),
         "model_dtype": str(hf_model.dtype).replace("torch.", ""), "kernel": base,
+        "lse": [recorder.methods[layer] for layer in recorder.layers],
         "warnings": warnings, "identity": hf_model.identity()}
     sidecar = {
         "model": hf_model.name, "text": text, "pair": pair, "tokens": tokens,

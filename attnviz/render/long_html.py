@@ -42,6 +42,7 @@ import hashlib
 import html
 import re
 import zlib
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from string import Template
@@ -237,8 +238,10 @@ def long_stats(capture: LongCapture, *, top: int = TOP_SINKS,
 
 
 def long_report_data(capture: LongCapture, *, title: str | None = None,
-                     max_cells: int = MAX_REPORT_CELLS) -> dict[str, Any]:
-    """Everything the offline report carries, as JSON-ready data (see the module docstring)."""
+                     max_cells: int = MAX_REPORT_CELLS,
+                     progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Everything the offline report carries, as JSON-ready data (see the module docstring);
+    ``progress(rows done, rows)`` follows the one pass over every head."""
     from attnviz._version import __version__
 
     if max_cells < 1:
@@ -247,11 +250,11 @@ def long_report_data(capture: LongCapture, *, title: str | None = None,
     layers = [int(layer) for layer in capture.layers]
     blocks = report_levels(T, len(layers), H, max_cells)
     finest = blocks[-1]
-    # one streamed pass over every head: the statistics and the finest kept atlas level (at
-    # most the block head_stats asks for, so it needs no second pass)
+    # one streamed pass over every head: the statistics, the finest kept atlas level (at
+    # most the block head_stats asks for, so it needs no second pass) and the mean's maxima
     from attnviz.long.scan import auto_block
 
-    capture.prepare(block=min(finest, auto_block(T)))
+    capture.summarise(block=min(finest, auto_block(T)), mean=True, progress=progress)
     levels: list[dict[str, Any]] = [
         {"block": b, "n": -(-T // b), "heads": {str(layer): {} for layer in layers}}
         for b in blocks]
@@ -314,11 +317,13 @@ def render_long_html(data: dict[str, Any]) -> str:
 
 
 def write_long_report(capture: LongCapture, path: Path | str, *, title: str | None = None,
-                      max_cells: int = MAX_REPORT_CELLS) -> Path:
+                      max_cells: int = MAX_REPORT_CELLS,
+                      progress: Callable[[int, int], None] | None = None) -> Path:
     """Write the offline long-context report atomically and return its path."""
     from attnviz.fileio import atomic_write_text
 
-    document = render_long_html(long_report_data(capture, title=title, max_cells=max_cells))
+    document = render_long_html(long_report_data(capture, title=title, max_cells=max_cells,
+                                                 progress=progress))
     return atomic_write_text(Path(path), document)
 
 

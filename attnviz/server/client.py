@@ -596,10 +596,12 @@ class RemoteSession(Session):
                      model: str | ModelSpec | None = None, layers: Any = None,
                      max_tokens: int | None = None, truncate: bool = True,
                      dtype: str = "float32", folder: Path | str | None = None,
-                     summary: bool = False, **options: Any) -> RemoteLongCapture:
+                     summary: bool = False, k: int = 0, progress: Any = None,
+                     **options: Any) -> RemoteLongCapture:
         """A long capture made and kept by the server; reads of it are requests
-        (:class:`~attnviz.server.long_client.RemoteLongCapture`). ``summary`` is the server's
-        business (it streams statistics and atlas levels itself) and is not sent.
+        (:class:`~attnviz.server.long_client.RemoteLongCapture`). ``summary`` and ``k`` are
+        the server's business (it streams statistics and atlas levels itself) and are not
+        sent; the forward runs there, so ``progress`` hears nothing.
 
         Raises:
             UsageError: ``folder`` is given (queries and keys stay on the server).

@@ -18,6 +18,8 @@ from attnviz.long import LongCapture
 from attnviz.server.answers import array_of, field, not_an_answer, numbers, shape_of
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy as np
 
 
@@ -154,9 +156,11 @@ class RemoteLongCapture(LongCapture):
     def rows(self, layer: int, head: int | str, q0: int, q1: int) -> np.ndarray:
         return self.tile(layer, head, q0, q1, 0, self.num_tokens)
 
-    def topk(self, layer: int, head: int | str, k: int, q0: int = 0, q1: int | None = None
+    def topk(self, layer: int, head: int | str, k: int, q0: int = 0, q1: int | None = None,
+             *, progress: Callable[[int, int], None] | None = None
              ) -> tuple[np.ndarray, np.ndarray]:
-        """``(indices, values)`` ``[queries, k]`` as :meth:`LongCapture.topk`, in parts."""
+        """``(indices, values)`` ``[queries, k]`` as :meth:`LongCapture.topk`, in parts
+        (``progress(queries done, queries)`` after each)."""
         import numpy as np
 
         q1 = self.num_tokens if q1 is None else q1
@@ -172,6 +176,8 @@ class RemoteLongCapture(LongCapture):
             indices.append(numbers(field(answer, "indices", "a top-k"), "a top-k", shape,
                                    integers=True, low=-1, high=self.num_tokens - 1))
             values.append(_weights(field(answer, "values", "a top-k"), "a top-k", shape))
+            if progress is not None:
+                progress(stop - q0, q1 - q0)
         if not values:
             return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
         return np.concatenate(indices), np.concatenate(values)
@@ -213,7 +219,8 @@ class RemoteLongCapture(LongCapture):
         """None: every atlas is asked of the server."""
         return None
 
-    def prepare(self, *, block: int | None = None, k: int = 0) -> None:
+    def prepare(self, *, block: int | None = None, k: int = 0,
+                progress: Callable[[int, int], None] | None = None) -> None:
         """Nothing to compute here: the server answers each question (from its own pass)."""
 
     def close(self) -> None:

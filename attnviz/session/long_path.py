@@ -101,6 +101,8 @@ class LongPath:
 
     warn: Callable[[str], None] | None
     forwards: int
+    #: Called with ``(layers run, layers the forward runs)`` during a long capture's forward.
+    long_progress: Callable[[int, int], None] | None = None
 
     # Provided by Session.
     def shape(self, model: str | ModelSpec | None = None, **options: Any
@@ -246,8 +248,10 @@ class LongPath:
                              "its layers (queries and keys are small)",
                              "leave out --heads; select layers with --layers")
         try:
-            summary = {"summary": True} if request.long_summary else {}
-            return self.capture_long(text, pair, model=request.model, layers=request.layers,
+            summary: dict[str, Any] = ({"summary": True, "k": int(request.long_top_k)}
+                                       if request.long_summary else {})
+            return self.capture_long(text, pair, model=request.model,
+                                     layers=self._long_layers(request),
                                      max_tokens=request.max_tokens, truncate=request.truncate,
                                      dtype=request.long_dtype, folder=folder, **summary)
         except LongUnsupported as why:
@@ -267,6 +271,17 @@ class LongPath:
         if full is None:
             return cast("_T", self._answer(request))
         return full()
+
+    def _long_layers(self, request: CaptureRequest) -> str | None:
+        """The layers a long capture records: the request's ``layers``, else the one layer it
+        reads (``layer``: the forward then stops after it), else every layer."""
+        if request.layers is not None or request.layer is None:
+            return request.layers
+        from attnviz.selection import resolve_index
+
+        shape = self.shape(request.spec)
+        layers = shape.num_layers if shape is not None else self.source(request.spec).num_layers
+        return str(resolve_index(request.layer, layers, "layer"))
 
     def dump_long(self, request: CaptureRequest, text: str, pair: str | None,
                   path: Path | str, *, float16: bool = False
@@ -322,7 +337,9 @@ class LongPath:
                      model: str | ModelSpec | None = None, layers: Any = None,
                      max_tokens: int | None = None, truncate: bool = True,
                      dtype: str = "float32", folder: Path | str | None = None,
-                     summary: bool = False, **options: Any) -> LongCapture:
+                     summary: bool = False, k: int = 0,
+                     progress: Callable[[int, int], None] | None = None,
+                     **options: Any) -> LongCapture:
         """The long capture of ``text``: each layer's queries, keys and log-sum-exp, from one
         forward pass with the model's own attention kernel (:func:`attnviz.long.capture_long`).
         With ``summary``, every head's statistics, atlas, attention received and top-k come
@@ -334,6 +351,9 @@ class LongPath:
                 kept).
             dtype: how queries and keys are stored: float32, float16 or bfloat16.
             folder: write the capture there (``attnviz dump --long``); ``None``: in memory.
+            k: with ``summary``, every head's top ``k`` keys per query too.
+            progress: called with ``(layers run, layers the forward runs)``; by default the
+                session's :attr:`long_progress`.
 
         Raises:
             LongUnsupported: the model cannot take the long path (the toy model, an
@@ -371,7 +391,8 @@ class LongPath:
         with self._forward_lock(spec):
             cap = capture_long(source, text, pair=pair, layers=layer_list,
                                max_tokens=max_tokens, dtype=dtype, folder=folder,
-                               summary=bool(summary))
+                               summary=bool(summary), k=int(k) if summary else 0,
+                               progress=progress or self.long_progress)
             self.forwards += 1
         device = str(getattr(source, "device", "cpu"))
         if device.startswith("cuda"):  # weights on demand are computed where the model runs
