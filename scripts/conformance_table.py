@@ -91,7 +91,10 @@ def table(rows: list[dict[str, Any]], not_run: list[str] | None = None) -> tuple
         "tiny from its own configuration class (random weights with sharpened attention, the "
         "bundled MiniLM tokenizer), saved, and loaded back through attnviz. Each path is "
         "compared with the same model's own eager `outputs.attentions` (to 1e-5; a float64 "
-        "rerun decides where float32 rounding is in question):",
+        "rerun decides where float32 rounding is in question). A model that returns no "
+        "weights because it switched itself to full attention (BigBird configured "
+        "`block_sparse`, on a text shorter than its sparse pattern) is compared with the same "
+        "weights loaded with `attention_type=\"original_full\"`, whose output it equals:",
         "",
         "- **equal**: every layer and head matches the model's own attention;",
         "- **works** (measures): a finite measure of every layer and head (its numbers are "

@@ -10,6 +10,10 @@ language models, each measure) and compares every matrix with the same model's o
 float32 rounding is in question) or ``refused`` with attnviz's one-line message. Anything
 else is a failure: ``wrong`` (a matrix that differs) or ``crash`` (an exception that is not
 an :class:`~attnviz.errors.AttnvizError`).
+
+A model that returns no weights is its own reference only in one case: it switched itself to
+full attention (BigBird's ``block_sparse`` on a short text), and the same weights loaded with
+full attention give the same output and real weights (see :func:`_switched_to_full`).
 """
 
 from __future__ import annotations
@@ -304,16 +308,48 @@ def _reference(folder: Path, model_class: str, text: str, dtype: Any) -> tuple[A
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     enc = tokenizer(text, return_tensors="pt")
-    model = getattr(transformers, model_class).from_pretrained(
-        folder, attn_implementation="eager", dtype=dtype).eval()
-    if getattr(model.config, "is_encoder_decoder", False) and hasattr(model, "get_encoder"):
-        model = model.get_encoder()
-    with torch.no_grad():
-        out = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                    output_attentions=True, return_dict=True)
-    attentions = getattr(out, "attentions", None) or getattr(out, "encoder_attentions", None)
-    return enc["input_ids"], [a[0].double().numpy() for a in attentions or ()
-                              if a is not None]
+
+    def run(**overrides: Any) -> tuple[Any, tuple[Any, ...]]:
+        model = getattr(transformers, model_class).from_pretrained(
+            folder, attn_implementation="eager", dtype=dtype, **overrides).eval()
+        if getattr(model.config, "is_encoder_decoder", False) and hasattr(model, "get_encoder"):
+            model = model.get_encoder()
+        with torch.no_grad():
+            out = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                        output_attentions=True, return_dict=True)
+        attentions = getattr(out, "attentions", None) or getattr(out, "encoder_attentions",
+                                                                 None)
+        return out[0], tuple(a for a in attentions or () if a is not None)
+
+    states, attentions = run()
+    if not attentions:
+        attentions = _switched_to_full(folder, states, run)
+    return enc["input_ids"], [a[0].double().numpy() for a in attentions]
+
+
+def _switched_to_full(folder: Path, states: Any, run: Any) -> tuple[Any, ...]:
+    """The reference of a model that returns no attention weights because it switched itself
+    to full attention, or ``()`` (no reference) for any other model.
+
+    BigBird configured with ``attention_type="block_sparse"`` runs full attention on a text
+    shorter than its sparse pattern (``(5 + 2 * num_random_blocks) * block_size`` tokens: it
+    logs "Changing attention type to 'original_full'"), and then, in transformers 5.24,
+    returns an empty ``outputs.attentions``: the switch replaces the attention modules after
+    the output recorders were attached. Its reference is the same saved weights loaded with
+    ``attention_type="original_full"``, taken only when that model's output equals the
+    configured model's (to :data:`ATOL`), so that both ran the same attention; otherwise the
+    model has no reference, and a path that gives matrices for it is ``wrong``.
+    """
+    from transformers import AutoConfig
+
+    kind = getattr(AutoConfig.from_pretrained(folder), "attention_type", None)
+    if kind in (None, "original_full"):
+        return ()
+    full_states, attentions = run(attention_type="original_full")
+    if full_states.shape != states.shape or \
+            float((full_states - states).abs().max()) > ATOL:
+        return ()
+    return tuple(attentions)
 
 
 def _square(reference: list[Any], size: int) -> list[Any] | None:

@@ -18,7 +18,7 @@ from tests import _conformance as conformance
 # What the issue's families must give (a prefix of the outcome), beside "no wrong, no crash".
 EXPECTED: dict[str, dict[str, str]] = {
     "convbert": {"full": "equal"},  # head_ratio: fewer real heads than the config says
-    "nemotron_h": {"full": "equal", "long": "equal"},  # attention in some layers only
+    "nemotron_h": {"full": "equal", "long": "equal", "generate": "equal"},  # some layers only
     "gpt_oss": {"full": "equal", "generate": "equal", "long": "refused"},  # sinks
     "deepseek_v4": {"generate": "equal", "long": "refused"},
     "diffllama": {"full": "equal", "long": "equal", "generate": "equal"},  # two calls a layer
@@ -68,6 +68,38 @@ def test_refusals_name_the_reason(built_root: Path) -> None:
     assert "band" in _checked("longformer", built_root).paths["full"]
     assert "not [batch, head, query, key]" in _checked("yoso", built_root).paths["full"]
     assert "sinks" in _checked("gpt_oss", built_root).paths["long"]
+
+
+def test_a_model_that_switches_itself_to_full_attention_is_checked_against_it(
+        built_root: Path) -> None:
+    """BigBird (block_sparse) runs full attention on a short text and returns no weights; its
+    reference is the same weights loaded with full attention, whose output it matches."""
+    import transformers
+
+    with conformance.quiet():
+        built = conformance.build("big_bird", ["causal", "masked"], built_root / "big_bird")
+        assert built.folder is not None, built.reason
+        config = transformers.AutoConfig.from_pretrained(built.folder)
+        assert config.attention_type == "block_sparse"
+        ids, reference = conformance._reference(built.folder, "AutoModel", conformance.TEXT,
+                                                None)
+        result = conformance.check(built, ("full",))
+    size = int(ids.shape[1])
+    assert [r.shape for r in reference] == [(config.num_attention_heads, size, size)] * \
+        config.num_hidden_layers
+    assert result.paths["full"] == "equal", result.paths
+    # the full-attention weights are taken only when the model's output is the same
+    import torch
+
+    weights = (torch.rand(1, 2, 3, 3),)
+    states = torch.zeros(1, 3, 8)
+
+    def full(**overrides: str) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        assert overrides == {"attention_type": "original_full"}
+        return states, weights
+
+    assert conformance._switched_to_full(built.folder, states.clone(), full) == weights
+    assert conformance._switched_to_full(built.folder, states + 1e-3, full) == ()
 
 
 # ------------------------------------------------------------------ the census can fail
