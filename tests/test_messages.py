@@ -486,3 +486,55 @@ def test_export_frames_draw_masked_cells_grey_without_values():
     assert (region[inside] == MASKED_RGB).all()
     seen = (box.row_index[:, None] == 4) & (box.col_index[None, :] == 1)
     assert len({tuple(pixel) for pixel in region[seen].tolist()}) > 1
+
+
+# --------------------------------------------------------------------------- atlas masks (19)
+@pytest.mark.parametrize(("tokens", "block", "causal", "window"),
+                         [(100, 8, True, None), (97, 16, True, 20), (64, 8, False, 10),
+                          (50, 7, False, None), (33, 4, True, 4)])
+def test_masked_blocks_are_the_blocks_where_no_query_sees_a_key(tokens, block, causal, window):
+    import numpy as np
+
+    from attnviz.render.parts import masked_blocks
+
+    found = masked_blocks(tokens, block, causal=causal, window=window)
+    i = np.arange(tokens)[:, None]
+    j = np.arange(tokens)[None, :]
+    visible = np.ones((tokens, tokens), dtype=bool)
+    if causal:
+        visible &= j <= i
+    if window:
+        visible &= j > i - window
+    n = -(-tokens // block)
+    expected = np.array([[not visible[a * block:(a + 1) * block, b * block:(b + 1) * block].any()
+                          for b in range(n)] for a in range(n)])
+    if not expected.any():
+        assert found is None
+    else:
+        assert found is not None and (found == expected).all()
+
+
+def test_an_atlas_draws_the_blocks_a_causal_query_cannot_see_grey(tmp_path):
+    import numpy as np
+
+    from attnviz.long import LongCapture
+    from attnviz.render.atlas import atlas_head_figure
+    from attnviz.render.colours import MASKED_RGB
+    from attnviz.render.heatmap import FigureOptions
+    from tests.long_fixtures import write_long
+
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(1, 2, 256, 8)).astype(np.float32)
+    k = rng.normal(size=(1, 1, 256, 8)).astype(np.float32)
+    cap = LongCapture.open(write_long(tmp_path / "lc", q, k, causal=True))
+    try:
+        fig, block = atlas_head_figure(cap, 0, 0, options=FigureOptions())
+        image = np.asarray(fig.axes[0].images[0].get_array())
+        n = -(-256 // block)
+        assert image.shape[:2] == (n, n)
+        rgb = image[..., :3] if image.dtype == np.uint8 else (image[..., :3] * 255).round()
+        assert (rgb[0, n - 1] == MASKED_RGB).all()  # the first queries, the last keys
+        assert not (rgb[n - 1, 0] == MASKED_RGB).all()  # the last queries see the first keys
+        assert not (rgb[n - 1, n - 1] == MASKED_RGB).all()  # the diagonal holds weights
+    finally:
+        cap.close()

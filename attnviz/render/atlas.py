@@ -136,16 +136,22 @@ def atlas_head_figure(cap: LongCapture, layer: int, head: int | str, *,
                       options: FigureOptions, blocks: int = HEAD_BLOCKS) -> tuple[Any, int]:
     """One head's atlas: the whole input in blocks; returns the figure and the block size."""
     from attnviz.render.head import draw_head_artists
+    from attnviz.render.parts import masked_blocks
 
     block = block_size(cap.num_tokens, blocks)
     labels = block_labels(cap, block)
+    # Blocks no query of theirs can see (a causal model's later keys, a window's earlier
+    # ones) are drawn grey, as the viewer and exact windows draw masked cells.
+    masked = masked_blocks(cap.num_tokens, block, causal=bool(cap.causal),
+                           window=cap.window_of(layer))
     named = cap.mean_label if head == "mean" else f"head {head}"
     title = _title(cap, f"layer {layer}, {named}, {block}-token blocks ({_what(head)})",
                    long_notes(cap))
     artists = draw_head_artists(atlas_matrix(cap, layer, head, block), labels, labels,
                                 title=title, cmap=options.cmap, annot=False,
                                 scale=options.colour_scale(), dpi=options.dpi,
-                                label=f"attention weight ({_what(head)} of a block)")
+                                label=f"attention weight ({_what(head)} of a block)",
+                                masked=masked)
     for label in artists.ax.texts:  # the axis notes name blocks, not tokens
         text = label.get_text()
         if text.startswith(("key (attended to)", "query (attending)")):

@@ -225,3 +225,22 @@ def _scale(scale: ColourScale | str | None, gamma: float | None,
     if isinstance(scale, ColourScale):
         return scale
     return ColourScale.of(scale, gamma, vmax)
+
+
+def masked_blocks(tokens: int, block: int, *, causal: bool,
+                  window: int | None = None) -> np.ndarray | None:
+    """Which ``block``-token blocks of a ``tokens``-token atlas hold no visible key at all,
+    boolean ``[block, block]``: every key of the block lies after every query of its row
+    (``causal``), or ``window`` or more positions before it; ``None`` when none is."""
+    if not causal and not window:
+        return None
+    starts = np.arange(0, tokens, block)
+    ends = np.minimum(starts + block, tokens) - 1  # the last position of each block
+    q_first, q_last = starts[:, None], ends[:, None]
+    k_first, k_last = starts[None, :], ends[None, :]
+    masked = np.zeros((len(starts), len(starts)), dtype=bool)
+    if causal:
+        masked |= k_first > q_last
+    if window:
+        masked |= k_last <= q_first - window
+    return masked if masked.any() else None
