@@ -79,8 +79,12 @@ def test_automatic_switch_counts_what_a_one_head_figure_needs(invoke, llama_256,
     assert "1 layer x 1 head x 242x242 weights" in result.stderr, result.stderr
     assert "^2" not in result.stderr and "2 layers" not in result.stderr
     assert f"{242 * 242 * 4 / 1024:.0f} KB" in result.stderr  # 1 x 1 x 242^2 x 4 bytes
-    # one head fits a bound of 0.5 MB: the full capture of that head, no long path
-    monkeypatch.setenv("ATTNVIZ_MAX_FULL_MB", "0.5")
+    # the eager forward holds one layer's scores and weights of all 4 heads beside the kept
+    # head: 2 x 4 x 242^2 x 4 bytes more (a full capture's memory is not only what it keeps)
+    assert f"({2 * 4 * 242 * 242 * 4 / 1024 / 1024:.2f} MB)" in result.stderr, result.stderr
+    # one head and the forward fit a bound of 2.5 MB (one layer's four heads do not): the
+    # full capture of that head, no long path
+    monkeypatch.setenv("ATTNVIZ_MAX_FULL_MB", "2.5")
     result = invoke("heatmap", text, "-m", llama_256, "-l", "1", "--head", "0", "-o", out)
     assert result.exit_code == 0, result.output
     assert "long path" not in result.stderr

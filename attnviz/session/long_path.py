@@ -140,11 +140,17 @@ class LongPath:
             layers, heads = source.num_layers, source.num_heads
         else:
             layers, heads = shape.num_layers, shape.num_heads
-        layers = _kept(request.layers, layers, "layer")
-        heads = _kept(request.heads, heads, "head")
-        return (full_bytes(layers, heads, tokens),
-                f"{_count(layers, 'layer')} x {_count(heads, 'head')} x {tokens}x{tokens} "
-                "weights, float32")
+        kept_layers = _kept(request.layers, layers, "layer")
+        kept_heads = _kept(request.heads, heads, "head")
+        # Eager attention holds one layer's scores and probabilities for every head at once,
+        # whichever heads are kept: 2 x heads x T^2 float32 beside what the capture keeps.
+        forward = 2 * full_bytes(1, heads, tokens)
+        kept = full_bytes(kept_layers, kept_heads, tokens)
+        return (kept + forward,
+                f"{_count(kept_layers, 'layer')} x {_count(kept_heads, 'head')} x "
+                f"{tokens}x{tokens} weights, float32 ({size_text(kept)}), and the eager "
+                f"forward's scores and weights of one layer's {_count(heads, 'head')} "
+                f"({size_text(forward)})")
 
     def _token_bound(self, request: CaptureRequest, text: str, pair: str | None) -> int:
         """At most how many tokens the text can have: a token holds at least one UTF-8 byte,
