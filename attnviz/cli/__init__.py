@@ -29,8 +29,24 @@ def _register() -> None:
 _register()
 
 
+def _interrupt_again(unraisable: sys.UnraisableHookArgs) -> None:
+    """Ctrl-C that lands while Python runs a finaliser (a weakref callback, ``__del__``) is
+    printed as "Exception ignored" and lost, and the command would go on. Deliver it again
+    instead: the handler then raises it in the command's own code (or, inside
+    :func:`attnviz.fileio.signals_held`, notes it for after the held step)."""
+    if unraisable.exc_type is KeyboardInterrupt:
+        import _thread
+        import threading
+
+        # From another thread, a moment later: a signal raised here would land in this hook.
+        threading.Timer(0.02, _thread.interrupt_main).start()
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
+    sys.unraisablehook = _interrupt_again
     try:
         app(args=argv, prog_name="attnviz")
     except KeyboardInterrupt:  # pragma: no cover - interactive
