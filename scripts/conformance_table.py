@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import multiprocessing
 import os
 import re
 import sys
@@ -34,9 +33,21 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+#: Address space a worker may use: a type whose "small" build still needs more fails with
+#: MemoryError and is listed, instead of taking the machine's memory (one took 23 GB).
+WORKER_MEMORY = 8 << 30
+WORKER_SECONDS = 900
+
+
 def _one(model_type: str) -> dict[str, Any]:
+    import resource
+
     from tests import _conformance as conformance
 
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = WORKER_MEMORY if hard == resource.RLIM_INFINITY else min(WORKER_MEMORY, hard)
+    if soft == resource.RLIM_INFINITY or soft > limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     try:
         result = conformance.census([model_type])[0]
     except Exception as exc:  # noqa: BLE001 - the census itself must not stop the sweep
@@ -44,6 +55,28 @@ def _one(model_type: str) -> dict[str, Any]:
                 "paths": {"full": f"crash: the census failed: {exc!r:.200}"}}
     return {"type": model_type, "kinds": result.kinds, "built": result.built,
             "paths": result.paths}
+
+
+def _in_worker(model_type: str, kinds: list[str], variant: str) -> dict[str, Any]:
+    """One type in its own process (a type that takes the process down, or runs past
+    ``WORKER_SECONDS``, costs only its own row)."""
+    import subprocess
+
+    env = dict(os.environ, ATTNVIZ_CONFORMANCE_SIZES=variant)
+    try:
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
+                               model_type], capture_output=True, text=True, env=env,
+                              timeout=WORKER_SECONDS, check=False)
+    except subprocess.TimeoutExpired:
+        return {"type": model_type, "kinds": kinds, "built": None,
+                "paths": {"full": f"crash: the census ran past {WORKER_SECONDS} s"}}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode == 0 and lines:
+        return dict(json.loads(lines[-1]))
+    why = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+    tail = done.stderr.strip().splitlines()[-1:] or [""]
+    return {"type": model_type, "kinds": kinds, "built": None,
+            "paths": {"full": f"crash: the worker process died ({why}) {tail[0][:200]}"}}
 
 
 def _clean(message: str) -> str:
@@ -154,7 +187,14 @@ def main() -> int:
     parser.add_argument("--no-run", action="store_true",
                         help="only write the table of the --reuse outcomes (types without "
                              "one are listed as not run)")
+    parser.add_argument("--variant", choices=("default", "alt"), default="default",
+                        help="the sizes to build at: default (the committed table) or alt "
+                             "(other head counts, layers, window and a longer text)")
+    parser.add_argument("--worker", metavar="TYPE", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(_one(args.worker)))
+        return 0
     from tests._conformance import mappings
 
     known = mappings()
@@ -180,16 +220,11 @@ def main() -> int:
     not_run = sorted(types) if args.no_run else []
     if args.no_run:
         types = []
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
-        futures = {pool.submit(_one, t): t for t in types}
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(_in_worker, t, known[t], args.variant): t for t in types}
         for done in concurrent.futures.as_completed(futures):
-            model_type = futures[done]
-            try:
-                row = done.result()
-            except Exception as exc:  # noqa: BLE001 - a worker that died (out of memory)
-                row = {"type": model_type, "kinds": known[model_type], "built": None,
-                       "paths": {"full": f"crash: the worker process died: {exc!r:.200}"}}
+            row = done.result()
+            model_type = row["type"]
             rows.append(row)
             if args.results is not None:  # as they come: an interrupted sweep keeps its rows
                 with args.results.open("a", encoding="utf-8") as handle:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import traceback
 from dataclasses import dataclass, field
@@ -88,6 +89,27 @@ _SIZES: dict[str, int] = {
     "linear_value_head_dim": 8, "time_step_rank": 4,
 }
 
+
+#: ``ATTNVIZ_CONFORMANCE_SIZES=alt``: other sizes than the committed table's, to find what
+#: depends on them (six heads over three key heads, three layers, a window of 5, a text of
+#: about 40 tokens, more new tokens).
+if os.environ.get("ATTNVIZ_CONFORMANCE_SIZES") == "alt":
+    _SIZES.update({
+        **dict.fromkeys(("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "model_dim",
+                         "n_embed", "embedding_size", "word_embed_proj_dim"), 48),
+        **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers",
+                         "encoder_layers", "decoder_layers", "num_decoder_layers"), 3),
+        **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads",
+                         "encoder_attention_heads", "decoder_attention_heads"), 6),
+        **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads"), 3),
+        **dict.fromkeys(("intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim",
+                         "decoder_ffn_dim", "hidden_dim", "ffn_hidden_size"), 96),
+        "sliding_window": 5, "attention_window": 6, "local_window_size": 5,
+    })
+    TEXT = ("Once upon a time a small grey cat sat on the warm mat by the kitchen door, "
+            "watching the rain fall on the garden while the old dog slept in the hall")
+    PROMPT = "Once upon a time a small grey cat sat on the warm mat"
+    NEW_TOKENS = 5
 
 # Fields tied to the head size, left alone by the gentler tries (their sums must agree).
 _HEAD_FIELDS = {"head_dim", "d_kv", "kv_channels", "attention_head_size", "qk_nope_head_dim",

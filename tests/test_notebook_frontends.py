@@ -338,8 +338,13 @@ def test_new_kernel_restores_the_widgets_which_take_the_arrow_keys(
         _live_views(page, len(VIEWS))
         # The widgets are on the page: their static copies hide themselves. The long view's
         # widget has no object in the new kernel to answer it: its copy stays.
-        assert page.evaluate("""() => Array.from(document.querySelectorAll(
-                 'iframe.attnviz-report')).filter(f => f.offsetParent !== null).length""") == 2
+        # The notebook lays out its last cells (the bare capture, the long view) a moment
+        # after the widgets are ready: wait for them, then check the count holds.
+        shown = """() => Array.from(document.querySelectorAll('iframe.attnviz-report'))
+                     .filter(f => f.offsetParent !== null).length"""
+        wait_until(page, f"() => ({shown})() === 2", timeout_s=60)
+        page.wait_for_timeout(500)
+        assert page.evaluate(shown) == 2
         assert _shadow(page, 0, "root.getElementById('layer').value") == "1"  # position 1
         assert _shadow(page, 0, "root.querySelector('#heads .chip[aria-pressed=true]')"
                                 ".textContent") == "2"

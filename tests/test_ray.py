@@ -368,17 +368,45 @@ def _descendants(root: int) -> set[tuple[int, bytes]]:
 
 
 def _alive(processes: set[tuple[int, bytes]]) -> set[tuple[int, bytes]]:
-    """Those of ``processes`` still running (same pid and start time)."""
+    """Those of ``processes`` still running (same pid and start time).
+
+    A process that has been killed can take a while to finish exiting on a busy machine; one
+    with SIGKILL pending, or whose memory is already gone (an empty command line), runs no
+    more of its own code and does not count.
+    """
     alive = set()
     for pid, start in processes:
         try:
             with open(f"/proc/{pid}/stat", "rb") as handle:
                 state = handle.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                command = handle.read()
+            with open(f"/proc/{pid}/status", "rb") as handle:
+                status = dict(line.split(b":", 1) for line in handle.read().splitlines()
+                              if b":" in line)
         except OSError:
             continue
-        if state[19] == start and state[0] != b"Z":
+        killed = any(int(status.get(name, b"0").strip() or b"0", 16) & (1 << 8)
+                     for name in (b"SigPnd", b"ShdPnd"))
+        if state[19] == start and state[0] not in (b"Z", b"X") and command and not killed:
             alive.add((pid, start))
     return alive
+
+
+def _describe(processes: set[tuple[int, bytes]]) -> list[str]:
+    """State and command line of each process, for a failure message."""
+    rows = []
+    for pid, _ in sorted(processes):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0].decode()
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ")[:160].decode(errors="replace")
+        except OSError as exc:
+            rows.append(f"{pid}: {exc}")
+            continue
+        rows.append(f"{pid} [{state}] {command}")
+    return rows
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
@@ -419,7 +447,7 @@ def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path: Path) -> None:
             time.sleep(0.5)
             left = [pid for pid, node in _ray_nodes().items() if node in ours]
         assert left == []
-        assert _alive(below) == set()
+        assert _alive(below) == set(), _describe(_alive(below))
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
