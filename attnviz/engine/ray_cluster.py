@@ -222,12 +222,15 @@ while True:
         node = b"--node-id=" + received.split(b"\n")[0].strip()
 for attempt in range(3):
     rows = table()
-    for pid, (ppid, start, command) in rows.items():
-        if seen.get(pid) == start or (node in command.split(b"\0") and pid != os.getpid()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+    doomed = {pid for pid, (ppid, start, command) in rows.items()
+              if seen.get(pid) == start or node in command.split(b"\0")}
+    for _ in range(8):  # and what they started since the last look
+        doomed |= {pid for pid, (ppid, _, _) in rows.items() if ppid in doomed}
+    for pid in doomed - {os.getpid()}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     time.sleep(1.0)
 """
 _WATCHDOGS: list[Any] = []  # kept open for the life of this process
