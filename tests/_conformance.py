@@ -33,6 +33,7 @@ PROMPT = "The cat sat on the mat"
 NEW_TOKENS = 3
 MEASURES = ("norm", "norm-res-ln", "alti", "value-zeroing")
 PATHS = ("full", "long", "generate", *MEASURES)
+VOCAB = 30522  # the bundled MiniLM tokenizer's
 MAX_PARAMETERS = 30_000_000  # past this a "tiny" model is not small
 
 #: The fast default set: representative families (encoders, decoders, grouped-query and
@@ -155,6 +156,12 @@ def _shrink(config: Any, sizes: dict[str, int] = _SIZES) -> None:
                 if len(kinds) <= 4 and name == "layers_block_type" else value[:layers]
             with contextlib.suppress(Exception):
                 setattr(config, name, shorter)
+    for name in ("vocab_size", "src_vocab_size", "tgt_vocab_size"):
+        # The MiniLM tokenizer's ids must be in range (Blenderbot has 8008, ESM C 64).
+        value = vars(config).get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value < VOCAB:
+            with contextlib.suppress(Exception):
+                setattr(config, name, VOCAB)
     for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
                  "sep_token_id", "cls_token_id"):
         value = getattr(config, name, None)
