@@ -187,9 +187,11 @@ def main() -> int:
     parser.add_argument("--no-run", action="store_true",
                         help="only write the table of the --reuse outcomes (types without "
                              "one are listed as not run)")
-    parser.add_argument("--variant", choices=("default", "alt"), default="default",
-                        help="the sizes to build at: default (the committed table) or alt "
-                             "(other head counts, layers, window and a longer text)")
+    parser.add_argument("--variant", choices=("default", "alt", "mqa"), default="default",
+                        help="the sizes to build at: default (the committed table), alt "
+                             "(six heads over three key heads, three layers, a window of 5, "
+                             "a longer text) or mqa (eight heads over one, four layers, a "
+                             "window of 3)")
     parser.add_argument("--worker", metavar="TYPE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

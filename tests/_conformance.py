@@ -111,6 +111,22 @@ if os.environ.get("ATTNVIZ_CONFORMANCE_SIZES") == "alt":
             "watching the rain fall on the garden while the old dog slept in the hall")
     PROMPT = "Once upon a time a small grey cat sat on the warm mat"
     NEW_TOKENS = 5
+#: ``ATTNVIZ_CONFORMANCE_SIZES=mqa``: eight query heads over one key head, four layers (a
+#: layer pattern's first four), a window of 3 and a 25-token text.
+elif os.environ.get("ATTNVIZ_CONFORMANCE_SIZES") == "mqa":
+    _SIZES.update({
+        **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers",
+                         "encoder_layers", "decoder_layers", "num_decoder_layers"), 4),
+        **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads",
+                         "encoder_attention_heads", "decoder_attention_heads"), 8),
+        **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads"), 1),
+        **dict.fromkeys(("head_dim", "d_kv", "kv_channels", "attention_head_size",
+                         "head_size"), 4),
+        "sliding_window": 3, "attention_window": 4, "local_window_size": 3,
+    })
+    TEXT = "A quick brown fox jumps over the lazy dog, and then the dog wakes up and barks"
+    PROMPT = "A quick brown fox jumps over the lazy dog"
+    NEW_TOKENS = 4
 
 # Fields tied to the head size, left alone by the gentler tries (their sums must agree).
 _HEAD_FIELDS = {"head_dim", "d_kv", "kv_channels", "attention_head_size", "qk_nope_head_dim",

@@ -171,3 +171,25 @@ def test_every_type_is_equal_or_refused() -> None:
     """The full sweep (slow): no wrong matrix and no crash on any type or path."""
     failures = {r.model_type: r.failures() for r in conformance.census() if r.failures()}
     assert not failures, failures
+
+
+def test_the_committed_table_lists_every_type_with_no_wrong_or_crash() -> None:
+    """docs/models.md (the full sweep's output) names every text model type of the installed
+    transformers' mappings, once, and counts no wrong matrix and no crash."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text("utf-8")
+    listed = re.findall(r"^\| ([\w.-]+) \| ((?:causal|masked|seq2seq)(?:, \w+)*) \|", text,
+                        re.MULTILINE)
+    names = [name for name, _ in listed]
+    assert len(names) == len(set(names))
+    known = conformance.mappings()
+    assert set(names) == set(known), set(names) ^ set(known)
+    assert all(kinds == ", ".join(known[name]) for name, kinds in listed)
+    summary = dict(re.findall(r"^\| (full|long|generate|norm|norm-res-ln|alti|value-zeroing) "
+                              r"\|((?: \d+ \|){6})$", text, re.MULTILINE))
+    assert set(summary) == set(conformance.PATHS)
+    for path, cells in summary.items():
+        wrong, crash = (int(n) for n in cells.split("|")[-3:-1])
+        assert (wrong, crash) == (0, 0), path
+    assert "Types not run" not in text
