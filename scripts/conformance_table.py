@@ -79,6 +79,21 @@ def _in_worker(model_type: str, kinds: list[str], variant: str) -> dict[str, Any
             "paths": {"full": f"crash: the worker process died ({why}) {tail[0][:200]}"}}
 
 
+def _die_with_parent() -> None:
+    """A worker ends when the sweep that started it does (killed or interrupted)."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _clean(message: str) -> str:
     """A refusal as the table shows it: temporary model folders named ``<model>``."""
     message = re.sub(r"/\S*?/conformance-[^/\s]+/[\w.-]+", "<model>", message)
@@ -195,6 +210,7 @@ def main() -> int:
     parser.add_argument("--worker", metavar="TYPE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        _die_with_parent()
         print(json.dumps(_one(args.worker)))
         return 0
     from tests._conformance import mappings

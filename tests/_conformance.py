@@ -75,7 +75,8 @@ _SIZES: dict[str, int] = {
     "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "hidden_dim": 64, "ffn_hidden_size": 64,
     "head_dim": 8, "d_kv": 8, "kv_channels": 8, "attention_head_size": 8,
     "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8, "q_lora_rank": 16,
-    "kv_lora_rank": 16, "global_head_dim": 8, "head_size": 8,
+    "kv_lora_rank": 16, "global_head_dim": 8, "head_size": 8, "rotary_dim": 4,
+    "mamba_d_head": 16,
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
     "n_shared_experts": 1, "moe_num_experts": 4, "num_shared_experts": 1, "n_group": 1,
@@ -132,7 +133,8 @@ elif os.environ.get("ATTNVIZ_CONFORMANCE_SIZES") == "mqa":
 _HEAD_FIELDS = {"head_dim", "d_kv", "kv_channels", "attention_head_size", "qk_nope_head_dim",
                 "qk_rope_head_dim", "v_head_dim", "q_lora_rank", "kv_lora_rank",
                 "global_head_dim", "head_size", "num_key_value_heads", "n_kv_heads",
-                "num_kv_heads", "sliding_window", "attention_window", "local_window_size"}
+                "num_kv_heads", "sliding_window", "attention_window", "local_window_size",
+                "rotary_dim"}
 # The tries, smallest first: every size; then not the head layout (hidden 64); then layers,
 # widths of the feed-forward and experts and the vocabulary only.
 _TRIES: tuple[dict[str, int], ...] = (
@@ -148,6 +150,18 @@ _TRIES: tuple[dict[str, int], ...] = (
         "n_routed_experts", "num_experts_per_tok", "moe_num_experts", "vocab_size",
         "max_position_embeddings", "n_positions"}},
 )
+
+
+def _keep_attention(values: list[Any], layers: int) -> list[Any]:
+    """The first ``layers`` of a hybrid's layer pattern, the last of them swapped for its
+    first attention layer when there is none among them (Qwen3-Next's three linear layers
+    before a full one, RecurrentGemma's two recurrent blocks before an attention block)."""
+    names = [str(v).lower() for v in values]
+    attention = [i for i, n in enumerate(names) if ("attention" in n or "attn" in n)
+                 and not any(w in n for w in ("linear", "recurrent", "mamba", "conv"))]
+    if not attention or attention[0] < layers:
+        return values[:layers]
+    return [*values[:layers - 1], values[attention[0]]]
 
 
 def _shrink(config: Any, sizes: dict[str, int] = _SIZES) -> None:
@@ -169,9 +183,19 @@ def _shrink(config: Any, sizes: dict[str, int] = _SIZES) -> None:
             # layers), else the first layers.
             kinds = list(dict.fromkeys(str(v) for v in value))
             shorter = [value[[str(v) for v in value].index(k)] for k in kinds] \
-                if len(kinds) <= 4 and name == "layers_block_type" else value[:layers]
+                if len(kinds) <= 4 and name == "layers_block_type" else _keep_attention(
+                    value, layers)
             with contextlib.suppress(Exception):
                 setattr(config, name, shorter)
+    if isinstance(vars(config).get("attn_layer_offset"), int) and \
+            config.attn_layer_offset >= layers:  # Jamba: an attention layer among the first
+        config.attn_layer_period, config.attn_layer_offset = layers, layers - 1
+    if "qk_head_dim" in vars(config):  # multi-head latent attention derives it at init
+        with contextlib.suppress(Exception):
+            config.qk_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim
+    if "kv_lora_rank" in vars(config) and "num_key_value_heads" in vars(config):
+        with contextlib.suppress(Exception):  # its keys are per query head (DeepSeek V2/V3)
+            config.num_key_value_heads = config.num_attention_heads
     for name in ("vocab_size", "src_vocab_size", "tgt_vocab_size"):
         # The MiniLM tokenizer's ids must be in range (Blenderbot has 8008, ESM C 64).
         value = vars(config).get(name)

@@ -6,6 +6,7 @@ cleanly, masked cells and the values of a long input's window)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -542,3 +543,127 @@ def test_an_atlas_draws_the_blocks_a_causal_query_cannot_see_grey(tmp_path):
         assert not (rgb[n - 1, n - 1] == MASKED_RGB).all()  # the diagonal holds weights
     finally:
         cap.close()
+
+
+# ------------------------------------------------------ masked cells in every figure kind (19)
+def _causal_and_not(llama_256: Path, minilm: Any) -> tuple[Any, Any]:
+    from attnviz.models.hf import HFSource
+
+    causal = HFSource(str(llama_256), device="cpu").capture("the cat sat on the mat")
+    return causal, minilm.capture("the cat sat on the mat")
+
+
+def _grey(image: Any) -> Any:
+    """Which pixels of an RGB(A) image are the masked grey."""
+    import numpy as np
+
+    from attnviz.render.colours import MASKED_RGB
+
+    rgb = np.asarray(image)[..., :3]
+    if rgb.dtype != np.uint8:
+        rgb = (rgb * 255).round()
+    return (rgb == MASKED_RGB).all(axis=-1)
+
+
+def test_layer_grids_and_the_overview_draw_masked_cells_grey(minilm, llama_256):
+    import numpy as np
+
+    from attnviz.render.heatmap import FigureOptions, capture_grid_figure
+
+    causal, bidirectional = _causal_and_not(llama_256, minilm)
+    size = causal.num_tokens
+    upper = np.triu(np.ones((size, size), dtype=bool), 1)
+    for layer in (0, None):  # one layer's heads, every layer and head
+        fig = capture_grid_figure(causal, layer, options=FigureOptions())
+        images = fig.axes[0].images
+        assert len(images) == causal.num_heads * (1 if layer == 0 else causal.num_layers)
+        for image in images:
+            grey = _grey(image.get_array())
+            assert grey.shape == (size, size) and (grey == upper).all()
+    fig = capture_grid_figure(bidirectional, 0, options=FigureOptions())
+    assert not any(_grey(image.get_array()).any() for image in fig.axes[0].images)
+    # a window of queries 3:6 and keys 1:4: the cells after each query's own position
+    fig = capture_grid_figure(causal, 0, options=FigureOptions(queries="3:6", keys="1:4"))
+    rows, cols = np.arange(3, 6)[:, None], np.arange(1, 4)[None, :]
+    assert (_grey(fig.axes[0].images[0].get_array()) == (cols > rows)).all()
+
+
+def test_export_grid_frames_draw_masked_cells_grey():
+    """The fast renderer's grid frames (export's layer and overview PNGs)."""
+    import numpy as np
+
+    from attnviz.render import fast
+    from attnviz.render.parts import masked_cells
+
+    labels = [f"t{i}" for i in range(6)]
+    masked = masked_cells((0, 6), (0, 6), causal=True)
+    template = fast.grid_template(1, 3, 6, ["layer 0"], ["head 0", "head 1", "head 2"],
+                                  tokens=labels, titles=["t"], masked=masked)
+    matrix = np.tril(np.ones((6, 6), np.float32))
+    matrix /= matrix.sum(axis=1, keepdims=True)
+    image = template.compose([matrix] * 3, "t")
+    assert masked is not None and len(template.boxes) == 3
+    for box in template.boxes:
+        cells = image[box.cell_rows[:, None], box.cell_cols[None, :]]
+        assert (_grey(cells) == masked).all()
+
+
+def test_exported_layer_grids_of_a_causal_model_are_grey_above_the_diagonal(llama_256, tmp_path):
+    """`attnviz export` end to end: the layer PNG's panels, read back from the file."""
+    import numpy as np
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from attnviz.cli import app
+
+    texts = tmp_path / "in.txt"
+    texts.write_text("the cat sat on the mat\n", encoding="utf-8")
+    out = tmp_path / "out"
+    done = CliRunner().invoke(app, ["export", "--input", str(texts), "-m", str(llama_256),
+                                    "-o", str(out), "--no-cache"])
+    assert done.exit_code == 0, done.output
+    grids = sorted(out.rglob("L0[0-9].png")) + sorted(out.rglob("overview.png"))
+    assert len(grids) >= 2, sorted(p.name for p in out.rglob("*"))
+    for grid in grids:
+        pixels = np.asarray(Image.open(grid).convert("RGB"))
+        assert _grey(pixels).sum() > 100, grid.name  # the panels' upper triangles
+
+
+def test_atlas_grids_draw_blocks_no_query_sees_grey(tmp_path):
+    import numpy as np
+
+    from attnviz.long import LongCapture
+    from attnviz.render.atlas import atlas_grid_figure
+    from attnviz.render.heatmap import FigureOptions
+    from tests.long_fixtures import write_long
+
+    rng = np.random.default_rng(1)
+    q = rng.normal(size=(1, 2, 256, 8)).astype(np.float32)
+    k = rng.normal(size=(1, 1, 256, 8)).astype(np.float32)
+    cap = LongCapture.open(write_long(tmp_path / "lc", q, k, causal=True))
+    try:
+        fig, block = atlas_grid_figure(cap, None, options=FigureOptions())
+        n = -(-256 // block)
+        for image in fig.axes[0].images:
+            grey = _grey(image.get_array())
+            assert grey.shape == (n, n) and grey[0, n - 1] and not grey[n - 1, 0]
+            assert not grey.diagonal().any()
+    finally:
+        cap.close()
+
+
+def test_compare_panels_draw_the_causal_side_grey(minilm, llama_256):
+    import numpy as np
+
+    from attnviz.render.analysis import Panel, draw_comparison
+    from attnviz.render.parts import masked_cells
+
+    causal, bidirectional = _causal_and_not(llama_256, minilm)
+    size = causal.num_tokens
+    masked = masked_cells((0, size), (0, size), causal=True)
+    labels = [f"t{i}" for i in range(size)]
+    a = Panel(np.asarray(bidirectional.matrix(0, 0))[:size, :size], labels, labels, "A")
+    b = Panel(np.asarray(causal.matrix(0, 0)), labels, labels, "B", masked=masked)
+    fig = draw_comparison(a, b, title="t")
+    first, second = (ax.images[0].get_array() for ax in fig.axes[:2])
+    assert not _grey(first).any() and (_grey(second) == masked).all()

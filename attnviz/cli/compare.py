@@ -150,6 +150,8 @@ def _panels(comparison: Any, labels: tuple[str, str], tokens: str | None,
             if mapped[0] is None or mapped[1] is None:
                 raise
             window_b = mapped
+    from attnviz.render.parts import masked_cells
+
     panels = []
     windows = []
     for side, label, marked, (rows, cols) in ((comparison.a, labels[0], marked_a, window_a),
@@ -166,7 +168,9 @@ def _panels(comparison: Any, labels: tuple[str, str], tokens: str | None,
             side.matrix[rows.span, cols.span], names[rows.span], names[cols.span], label,
             [i - rows.start for i in marked if rows.start <= i < rows.stop],
             [j - cols.start for j in marked if cols.start <= j < cols.stop],
-            inside(rows, start), inside(cols, start)))
+            inside(rows, start), inside(cols, start),
+            masked_cells((rows.start, rows.stop), (cols.start, cols.stop),
+                         causal=bool(side.capture.causal))))
         windows.append((rows, cols))
     diff = None
     keep_rows: list[int] = []

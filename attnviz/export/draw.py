@@ -122,7 +122,8 @@ def _grid_template(rows: list[str], cols: list[str], shown: FigureView, task: Re
     tokens, keys = list(shown.row_labels), list(shown.col_labels)
     label = shown.capture.measure_label or "attention weight"
     base = (len(rows), tuple(cols), len(tokens), len(keys), task.cmap, task.dpi, _scale(task),
-            shown.row_divider, shown.col_divider, label)
+            shown.row_divider, shown.col_divider, label, shown.rows.start, shown.cols.start,
+            bool(shown.capture.causal))
     for entry_rows, entry_tokens, template in _GRID_TEMPLATES.get(base, []):
         if entry_rows in (None, tuple(rows)) and entry_tokens in (None, (*tokens, *keys)):
             template.prepare(titles, figures)
@@ -131,7 +132,8 @@ def _grid_template(rows: list[str], cols: list[str], shown: FigureView, task: Re
     template = grid_template(len(rows), len(cols), len(tokens), rows, cols, tokens=tokens,
                              key_tokens=keys, num_keys=len(keys), cmap=task.cmap, dpi=task.dpi,
                              titles=titles, scale=_scale(task), row_divider=shown.row_divider,
-                             col_divider=shown.col_divider, figures=figures, label=label)
+                             col_divider=shown.col_divider, figures=figures, label=label,
+                             masked=_masked(shown))
     shows_rows = any(template_shows(template, label) for label in rows)
     entry = (tuple(rows) if shows_rows else None,
              (*tokens, *keys) if template.uses_tokens else None, template)
@@ -260,7 +262,7 @@ def _vector_grid(weights: Any, rows: list[str], cols: list[str], shown: FigureVi
         fig = draw_grid(weights, rows, cols, title=title, cmap=task.cmap,
                         tokens=shown.row_labels, key_tokens=shown.col_labels,
                         scale=_scale(task), dpi=task.dpi, row_divider=shown.row_divider,
-                        col_divider=shown.col_divider)
+                        col_divider=shown.col_divider, masked=_masked(shown))
     return figure_bytes(fig, task.fmt, task.dpi)
 
 

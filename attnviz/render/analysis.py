@@ -179,6 +179,7 @@ class Panel:
     changed_cols: Sequence[int] = ()
     row_divider: int | None = None
     col_divider: int | None = None
+    masked: np.ndarray | None = None  # [query, key] cells a query cannot see: grey, no value
 
 
 def _mark(labels: Sequence[Text], changed: Sequence[int], step: int) -> None:
@@ -264,7 +265,9 @@ def draw_comparison(a: np.ndarray | Panel, b: np.ndarray | Panel,
                 rgb, bins = resolved.colours(np.asarray(panel.matrix) + limit, diverging)
                 ax.imshow(rgb, aspect="auto", interpolation="nearest")
             else:
-                rgb, bins = colours.colours(panel.matrix, table)
+                hidden = panel.masked if panel.masked is not None and np.shape(
+                    panel.masked) == np.shape(panel.matrix) else None
+                rgb, bins = colours.colours(panel.matrix, table, hidden)
                 ax.imshow(rgb, aspect="auto", interpolation="nearest")
             ax.set_xlim(-0.5, num_key - 0.5)
             ax.set_ylim(num_query - 0.5, -0.5)
@@ -286,7 +289,7 @@ def draw_comparison(a: np.ndarray | Panel, b: np.ndarray | Panel,
             if annot:
                 _annotate(ax, np.asarray(panel.matrix), bins,  # B - A: float noise is 0.00
                           diverging if is_diff else table, size=ANNOT_PT,
-                          significant=not is_diff)
+                          significant=not is_diff, masked=None if is_diff else hidden)
             if number >= 1:  # A and B share the first colour bar, B - A has its own
                 bar_h = max(MIN_BAR_IN, min(plot_h, max(MIN_PLOT_IN, 0.6 * plot_h)))
                 bar = (left + num_key * cell + COLOURBAR_GAP_IN, bottom + plot_h - bar_h,

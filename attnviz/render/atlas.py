@@ -172,7 +172,15 @@ def atlas_grid_figure(cap: LongCapture, layer: int | None, *, options: FigureOpt
                                    for h in cap.heads]) for li in layers])
     what = (f"layer {layer}, all heads" if layer is not None else "every layer and head")
     title = _title(cap, f"{what}, {block}-token blocks (max)", long_notes(cap))
+    from attnviz.render.parts import masked_blocks
+
+    size = matrices.shape[-2:]
+    masks = [masked_blocks(cap.num_tokens, block, causal=bool(cap.causal),
+                           window=cap.window_of(li)) for li in layers]
+    masked = None if all(m is None for m in masks) else np.stack(
+        [np.zeros(size, bool) if m is None else m for m in masks])
     fig = draw_grid(matrices, [f"layer {li}" for li in layers],
                     [f"head {h}" for h in cap.heads], title=title,
-                    cmap=options.cmap, scale=options.colour_scale(), dpi=options.dpi)
+                    cmap=options.cmap, scale=options.colour_scale(), dpi=options.dpi,
+                    masked=masked)
     return fig, block

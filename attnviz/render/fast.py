@@ -382,9 +382,11 @@ def grid_template(num_rows: int, num_cols: int, num_tokens: int, row_labels: Seq
                   num_keys: int | None = None, key_tokens: Sequence[str] | None = None,
                   row_divider: int | None = None, col_divider: int | None = None,
                   figures: Iterable[Sequence[np.ndarray]] = (),
-                  label: str = "attention weight") -> FrameTemplate:
+                  label: str = "attention weight",
+                  masked: np.ndarray | None = None) -> FrameTemplate:
     """The frame of :func:`~attnviz.render.grid.draw_grid` for ``[rows, cols, T, T]`` data
-    (``[rows, cols, num_tokens, num_keys]`` with a window).
+    (``[rows, cols, num_tokens, num_keys]`` with a window); ``masked`` (boolean
+    ``[num_tokens, num_keys]``): every panel's cells a query cannot see, drawn grey.
 
     :meth:`FrameTemplate.compose` then takes the matrices in row-major order
     (``matrices[r, c]`` for ``r`` in rows, ``c`` in columns).
@@ -426,7 +428,7 @@ def grid_template(num_rows: int, num_cols: int, num_tokens: int, row_labels: Seq
     boxes = [_box_from_extent(extent, frame, num_tokens, num_keys, black) for extent in extents]
     template = FrameTemplate(frame, boxes, colour_table(cmap), dpi, colour_scale,
                              extents=extents, uses_tokens=uses_tokens, strings=strings,
-                             title=title, ticks=ticks, black=black)
+                             title=title, ticks=ticks, black=black, masked=masked)
     template.prepare(titles, figures)
     return template
 

@@ -61,11 +61,13 @@ def draw_grid_artists(matrices: np.ndarray, row_labels: Sequence[str],
                       scale: ColourScale | str | None = None, gamma: float | None = None,
                       vmax: str | float | None = DEFAULT_VMAX, dpi: float = DEFAULT_DPI,
                       row_divider: int | None = None, col_divider: int | None = None,
-                      label: str = "attention weight", with_images: bool = True) -> GridArtists:
+                      label: str = "attention weight", with_images: bool = True,
+                      masked: np.ndarray | None = None) -> GridArtists:
     """:func:`draw_grid`, returning the artists; ``with_images=False`` draws only the frame
     (the fast renderer paints the panels itself)."""
     data = np.asarray(matrices, dtype=np.float32)
     num_rows, num_cols, num_query, num_key = data.shape
+    masks = _row_masks(masked, num_rows, (num_query, num_key))
     colour_scale = _scale(scale, gamma, vmax)
     resolved = colour_scale.resolve(data)
     table = colour_table(check_cmap(cmap))
@@ -91,7 +93,7 @@ def draw_grid_artists(matrices: np.ndarray, row_labels: Sequence[str],
         for index, (r, c) in enumerate(flat):
             x0, y0, x1, y1 = layout.panel(index)
             if with_images:
-                rgb, _ = resolved.colours(data[r, c], table)
+                rgb, _ = resolved.colours(data[r, c], table, masks[r])
                 images.append(ax.imshow(rgb, aspect="auto", interpolation="nearest",
                                         extent=(x0, x1, y1, y0)))
             borders.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
@@ -148,15 +150,30 @@ def draw_grid(matrices: np.ndarray, row_labels: Sequence[str], col_labels: Seque
               scale: ColourScale | str | None = None, gamma: float | None = None,
               vmax: str | float | None = DEFAULT_VMAX, dpi: float = DEFAULT_DPI,
               row_divider: int | None = None, col_divider: int | None = None,
-              label: str = "attention weight") -> Figure:
+              label: str = "attention weight", masked: np.ndarray | None = None) -> Figure:
     """A grid of small heatmaps: ``matrices`` is ``[rows, cols, query, key]``.
 
     Used for a layer's heads (one row, wrapped into a near-square grid) and for the model
     overview (layers x heads). With at most 16 ``tokens`` (query labels; ``key_tokens`` for
     the keys), the outer panels carry token labels. All panels share one colour scale (``auto``:
-    the largest weight in the grid).
+    the largest weight in the grid). ``masked`` (boolean ``[query, key]``, or
+    ``[rows, query, key]`` where rows differ): cells a query cannot see, drawn grey as the
+    single heatmaps draw them.
     """
     return draw_grid_artists(matrices, row_labels, col_labels, title=title, cmap=cmap,
                              tokens=tokens, key_tokens=key_tokens, scale=scale, gamma=gamma,
                              vmax=vmax, dpi=dpi, row_divider=row_divider,
-                             col_divider=col_divider, label=label).fig
+                             col_divider=col_divider, label=label, masked=masked).fig
+
+
+def _row_masks(masked: np.ndarray | None, rows: int, shape: tuple[int, int]
+               ) -> list[np.ndarray | None]:
+    """Each grid row's masked cells (``None``: none)."""
+    if masked is None:
+        return [None] * rows
+    masked = np.asarray(masked, dtype=bool)
+    if masked.shape == shape:
+        return [masked] * rows
+    if masked.shape == (rows, *shape):
+        return list(masked)
+    raise ValueError(f"masked has shape {masked.shape}, the panels {shape}")

@@ -247,11 +247,15 @@ def capture_grid_figure(capture: Any, layer: int | None = None, *,
     else:
         block = shown.crop(view.weights)
         rows, title = [f"layer {i}" for i in view.layers], overview_title(view, shown.suffix)
+    from attnviz.render.parts import masked_cells
+
+    masked = masked_cells((shown.rows.start, shown.rows.stop),
+                          (shown.cols.start, shown.cols.stop), causal=bool(view.causal))
     return draw_grid(block, rows, heads, title=title, cmap=options.cmap,
                      tokens=shown.row_labels, key_tokens=shown.col_labels,
                      scale=options.colour_scale(), dpi=options.dpi,
                      row_divider=shown.row_divider, col_divider=shown.col_divider,
-                     label=view.measure_label or "attention weight")
+                     label=view.measure_label or "attention weight", masked=masked)
 
 
 def capture_heatmap(capture: Any, /, layer: int, head: int | str = "mean",
