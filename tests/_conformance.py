@@ -38,10 +38,11 @@ MAX_PARAMETERS = 30_000_000  # past this a "tiny" model is not small
 
 #: The fast default set: representative families (encoders, decoders, grouped-query and
 #: sliding-window decoders, encoder-decoders, band/local layouts, sinks, differential and
-#: hybrid attention, 3-D attentions). The full sweep takes every type.
+#: hybrid attention, 3-D attentions, multi-head latent attention, linear-attention hybrids).
+#: The full sweep takes every type.
 FAST_TYPES = ("bert", "gpt2", "llama", "qwen2", "mistral", "gemma", "phi3", "olmo", "t5",
               "bart", "longformer", "convbert", "gpt_oss", "deepseek_v4", "diffllama",
-              "nemotron_h", "yoso", "longt5", "fsmt")
+              "nemotron_h", "yoso", "longt5", "fsmt", "deepseek_v3", "qwen3_next")
 
 
 def mappings() -> dict[str, list[str]]:

@@ -24,6 +24,10 @@ EXPECTED: dict[str, dict[str, str]] = {
     "diffllama": {"full": "equal", "long": "equal", "generate": "equal"},  # two calls a layer
     "longformer": {"full": "refused: ", "long": "refused"},  # a band of offsets
     "yoso": {"full": "refused", "long": "refused"},  # 3-D weights
+    # multi-head latent attention (keys of two parts, per query head)
+    "deepseek_v3": {"full": "equal", "long": "equal", "generate": "equal"},
+    # linear-attention layers beside full ones: attention in some layers only
+    "qwen3_next": {"full": "equal", "long": "equal", "generate": "equal"},
     "longt5": {"full": "refused", "long": "refused"},  # local blocks
     "fsmt": {"full": "equal", "long": "refused"},  # its encoder has no config
     "llama": {"full": "equal", "long": "equal", "generate": "equal", "norm": "works"},
