@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+# A test run started in the background of a non-interactive shell (`cmd &`) inherits SIGINT
+# ignored, and so would every command a test starts: tests that press Ctrl-C on a child would
+# see it ignored, as the shell asked. Handled here, the signal is back to its default in every
+# child (exec resets a handled signal; an ignored one stays ignored).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SENTENCE = "The cat sat on the mat"
 
