@@ -519,19 +519,25 @@ def test_masked_blocks_are_the_blocks_where_no_query_sees_a_key(tokens, block, c
         assert found is not None and (found == expected).all()
 
 
+def _causal_long(tmp_path: Path, seed: int) -> Any:
+    """An open long capture of random causal queries and keys: 256 tokens, 2 heads, 1 layer."""
+    from attnviz.long import LongCapture
+    from tests.long_fixtures import write_long
+
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(1, 2, 256, 8)).astype(np.float32)
+    k = rng.normal(size=(1, 1, 256, 8)).astype(np.float32)
+    return LongCapture.open(write_long(tmp_path / "lc", q, k, causal=True))
+
+
 def test_an_atlas_draws_the_blocks_a_causal_query_cannot_see_grey(tmp_path):
     import numpy as np
 
-    from attnviz.long import LongCapture
     from attnviz.render.atlas import atlas_head_figure
     from attnviz.render.colours import MASKED_RGB
     from attnviz.render.heatmap import FigureOptions
-    from tests.long_fixtures import write_long
 
-    rng = np.random.default_rng(0)
-    q = rng.normal(size=(1, 2, 256, 8)).astype(np.float32)
-    k = rng.normal(size=(1, 1, 256, 8)).astype(np.float32)
-    cap = LongCapture.open(write_long(tmp_path / "lc", q, k, causal=True))
+    cap = _causal_long(tmp_path, seed=0)
     try:
         fig, block = atlas_head_figure(cap, 0, 0, options=FigureOptions())
         image = np.asarray(fig.axes[0].images[0].get_array())
@@ -630,17 +636,11 @@ def test_exported_layer_grids_of_a_causal_model_are_grey_above_the_diagonal(llam
 
 
 def test_atlas_grids_draw_blocks_no_query_sees_grey(tmp_path):
-    import numpy as np
 
-    from attnviz.long import LongCapture
     from attnviz.render.atlas import atlas_grid_figure
     from attnviz.render.heatmap import FigureOptions
-    from tests.long_fixtures import write_long
 
-    rng = np.random.default_rng(1)
-    q = rng.normal(size=(1, 2, 256, 8)).astype(np.float32)
-    k = rng.normal(size=(1, 1, 256, 8)).astype(np.float32)
-    cap = LongCapture.open(write_long(tmp_path / "lc", q, k, causal=True))
+    cap = _causal_long(tmp_path, seed=1)
     try:
         fig, block = atlas_grid_figure(cap, None, options=FigureOptions())
         n = -(-256 // block)
